@@ -1,0 +1,11 @@
+"""Typed Python client of the scoring service; the raw stubs are in ``scoring.v1``."""
+
+from scoring_client.client import (
+    FieldViolation,
+    RerankHit,
+    RerankResult,
+    ScoringClient,
+    ScoringError,
+)
+
+__all__ = ["FieldViolation", "RerankHit", "RerankResult", "ScoringClient", "ScoringError"]

@@ -1,0 +1,184 @@
+"""A small blocking client over the generated stubs: one channel, typed results, readable errors.
+
+It hides protobuf plumbing for the common call, ``rerank(query, docs, top_n=...)``, and turns
+``google.rpc.BadRequest`` details into a list of field violations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import grpc
+from google.rpc import error_details_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_status import rpc_status
+
+from scoring.v1 import common_pb2, info_pb2, info_pb2_grpc, rerank_pb2, rerank_pb2_grpc
+
+Document = str | Sequence[int]
+_ACTIVATIONS = {
+    None: rerank_pb2.ACTIVATION_UNSPECIFIED,
+    "none": rerank_pb2.ACTIVATION_NONE,
+    "sigmoid": rerank_pb2.ACTIVATION_SIGMOID,
+}
+_SIDES = {"right": common_pb2.TRUNCATION_SIDE_RIGHT, "left": common_pb2.TRUNCATION_SIDE_LEFT}
+
+
+@dataclass(frozen=True)
+class FieldViolation:
+    field: str
+    description: str
+
+
+class ScoringError(Exception):
+    """A failed call: the gRPC code, the message, and any field violations."""
+
+    def __init__(self, error: grpc.RpcError) -> None:
+        self.code: grpc.StatusCode = error.code()
+        self.details: str = error.details() or ""
+        self.field_violations: list[FieldViolation] = []
+        status = rpc_status.from_call(error)
+        for detail in status.details if status is not None else []:
+            if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+                bad_request = error_details_pb2.BadRequest()
+                detail.Unpack(bad_request)
+                self.field_violations += [
+                    FieldViolation(v.field, v.description) for v in bad_request.field_violations
+                ]
+        super().__init__(f"{self.code.name}: {self.details}")
+
+    @property
+    def fields(self) -> list[str]:
+        return [v.field for v in self.field_violations]
+
+
+@dataclass(frozen=True)
+class RerankHit:
+    index: int
+    score: float
+    id: str | None = None
+    raw_score: float | None = None
+    text: str | None = None
+
+
+@dataclass(frozen=True)
+class RerankResult:
+    hits: list[RerankHit]
+    model: str
+    dtype: str
+    request_id: str
+    prompt_tokens: int
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+class ScoringClient:
+    def __init__(
+        self,
+        target: str,
+        *,
+        timeout: float | None = 10.0,
+        channel: grpc.Channel | None = None,
+        max_message_bytes: int = 16 * 1024 * 1024,
+    ) -> None:
+        self._channel = channel or grpc.insecure_channel(
+            target,
+            options=[
+                ("grpc.max_send_message_length", max_message_bytes),
+                ("grpc.max_receive_message_length", max_message_bytes),
+            ],
+        )
+        self._timeout = timeout
+        self.rerank_stub = rerank_pb2_grpc.RerankServiceStub(self._channel)
+        self.info_stub = info_pb2_grpc.InfoServiceStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    def __enter__(self) -> ScoringClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def rerank(
+        self,
+        query: str,
+        documents: Sequence[Document],
+        *,
+        top_n: int | None = None,
+        model: str | None = None,
+        ids: Sequence[str] | None = None,
+        return_documents: bool = False,
+        return_raw_scores: bool = False,
+        activation: Literal["none", "sigmoid"] | None = None,
+        truncate: Literal["right", "left"] | None = None,
+        max_tokens: int | None = None,
+        request_id: str = "",
+        timeout: float | None = None,
+    ) -> RerankResult:
+        """Documents are texts or token-id lists; ``truncate`` opts in to truncation."""
+        request = rerank_pb2.RerankRequest(
+            query=query,
+            return_documents=return_documents,
+            return_raw_scores=return_raw_scores,
+            activation=_ACTIVATIONS[activation],
+            request_id=request_id,
+        )
+        for i, doc in enumerate(documents):
+            item = request.documents.add()
+            if isinstance(doc, str):
+                item.text = doc
+            else:
+                item.token_ids.ids.extend(doc)
+            if ids is not None:
+                item.id = ids[i]
+        if top_n is not None:
+            request.top_n = top_n
+        if model is not None:
+            request.model = model
+        if truncate is not None:
+            request.truncation.side = _SIDES[truncate]
+            if max_tokens is not None:
+                request.truncation.max_tokens = max_tokens
+        response = self._call(self.rerank_stub.Rerank, request, timeout)
+        return RerankResult(
+            hits=[
+                RerankHit(
+                    index=r.index,
+                    score=r.score,
+                    id=r.id if r.HasField("id") else None,
+                    raw_score=r.raw_score if r.HasField("raw_score") else None,
+                    text=r.document.text if r.HasField("document") else None,
+                )
+                for r in response.results
+            ],
+            model=response.model,
+            dtype=common_pb2.Dtype.Name(response.dtype),
+            request_id=response.request_id,
+            prompt_tokens=response.usage.prompt_tokens,
+            timings_ms={
+                "queue": response.timings.queue_ms,
+                "inference": response.timings.inference_ms,
+                "postprocess": response.timings.postprocess_ms,
+                "total": response.timings.total_ms,
+            },
+        )
+
+    def info(self, timeout: float | None = None) -> info_pb2.GetInfoResponse:
+        return self._call(self.info_stub.GetInfo, info_pb2.GetInfoRequest(), timeout)
+
+    def health(self, service: str = "", timeout: float | None = None) -> str:
+        """``SERVING``, ``NOT_SERVING`` or ``SERVICE_UNKNOWN``, as the health protocol says."""
+        response = self._call(
+            self._health.Check, health_pb2.HealthCheckRequest(service=service), timeout
+        )
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    def _call(self, method, request, timeout: float | None):  # type: ignore[no-untyped-def]
+        try:
+            return method(request, timeout=timeout if timeout is not None else self._timeout)
+        except grpc.RpcError as error:
+            raise ScoringError(error) from None

@@ -1,0 +1,1 @@
+"""IO processors registered under ``vllm.io_processor_plugins``."""

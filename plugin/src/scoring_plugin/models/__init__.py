@@ -1,0 +1,19 @@
+"""Model architectures the plugin adds to vLLM's registry."""
+
+from __future__ import annotations
+
+from vllm import ModelRegistry
+
+PAIR_BERT_ARCHITECTURE = "ScoringBertForPairClassification"
+COLBERT_ARCHITECTURE = "ScoringColBERTModel"
+_MODELS = {
+    PAIR_BERT_ARCHITECTURE: "scoring_plugin.models.pair_bert:PairAwareBertForSequenceClassification",
+    COLBERT_ARCHITECTURE: "scoring_plugin.models.colbert:ScoringColBERTModel",
+}
+
+
+def register() -> None:
+    supported = ModelRegistry.get_supported_archs()
+    for architecture, qualname in _MODELS.items():
+        if architecture not in supported:
+            ModelRegistry.register_model(architecture, qualname)

@@ -1,0 +1,15 @@
+"""Entry points vLLM discovers through ``importlib.metadata`` (see ``pyproject.toml``)."""
+
+from __future__ import annotations
+
+
+def register_models() -> None:
+    """``vllm.general_plugins``: runs in every vLLM process before models are resolved."""
+    from scoring_plugin.models import register
+
+    register()
+
+
+def reranker_io_processor() -> str:
+    """``vllm.io_processor_plugins``: vLLM imports the returned class lazily."""
+    return "scoring_plugin.io_processors.reranker.RerankerIOProcessor"

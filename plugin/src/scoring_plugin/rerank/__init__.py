@@ -1,0 +1,1 @@
+"""Reranking: one query against many documents, three scoring modes behind one interface."""

@@ -1,0 +1,234 @@
+"""Turns a rerank input into engine prompts: token ids assembled, limits enforced, deduplicated.
+
+Tokenization is one batched call per request (texts only, no special tokens); the model's
+special tokens are then placed around the pieces from a layout learned once from the tokenizer.
+This treats text and pre-tokenized documents alike and makes truncation exact: only the
+document is cut, never the query or the special tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from scoring_plugin.errors import FieldViolation, InvalidInputError
+from scoring_plugin.rerank.settings import PromptTemplate, RerankMode, RerankSettings
+from scoring_plugin.rerank.types import RerankDocumentInput, RerankInput, TruncationSide
+
+QWEN3_SYSTEM_PREFIX = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
+    'and the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n'
+    "<|im_start|>user\n"
+)
+QWEN3_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+_PROBE_WORDS = ("a", "b", "x", "y", "the", "is", "hello", "world")
+
+
+@dataclass(frozen=True, slots=True)
+class EnginePrompt:
+    """One engine request. Hashable so identical prompts of a request run once."""
+
+    token_ids: tuple[int, ...]
+    # Token types for BERT-style pairs: 0 before this position, 1 from it on.
+    second_segment_start: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SpecialTokenLayout:
+    """Where a tokenizer puts its special tokens around one sequence and around a pair."""
+
+    single_prefix: tuple[int, ...]
+    single_suffix: tuple[int, ...]
+    pair_prefix: tuple[int, ...]
+    pair_middle: tuple[int, ...]
+    pair_suffix: tuple[int, ...]
+    pair_uses_token_types: bool
+
+    @classmethod
+    def learn(cls, tokenizer: Any) -> SpecialTokenLayout:
+        """Encodes two one-token probe words and reads off what surrounds them."""
+        probes = [w for w in _PROBE_WORDS if len(_ids(tokenizer, w)) == 1]
+        if len(probes) < 2:
+            raise ValueError("cannot learn the special-token layout of this tokenizer")
+        a = _ids(tokenizer, probes[0])[0]
+        b = _ids(tokenizer, probes[1])[0]
+        single = list(tokenizer(probes[0], add_special_tokens=True)["input_ids"])
+        pair_enc = tokenizer(probes[0], probes[1], add_special_tokens=True)
+        pair = list(pair_enc["input_ids"])
+        ia = single.index(a)
+        pa = pair.index(a)
+        pb = pair.index(b, pa + 1)
+        types = pair_enc.get("token_type_ids")
+        return cls(
+            single_prefix=tuple(single[:ia]),
+            single_suffix=tuple(single[ia + 1 :]),
+            pair_prefix=tuple(pair[:pa]),
+            pair_middle=tuple(pair[pa + 1 : pb]),
+            pair_suffix=tuple(pair[pb + 1 :]),
+            pair_uses_token_types=bool(types) and any(t != 0 for t in types),
+        )
+
+
+def _ids(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBudget:
+    max_tokens: int
+    truncate: bool
+    side: TruncationSide
+
+    def fit(self, ids: list[int], budget: int, field: str, what: str) -> list[int]:
+        if len(ids) <= budget:
+            return ids
+        if not self.truncate:
+            raise InvalidInputError.single(
+                field,
+                f"{what} needs {len(ids)} tokens but only {budget} fit in the limit of "
+                f"{self.max_tokens} tokens per item; shorten it or set `truncation`",
+            )
+        return ids[:budget] if self.side is TruncationSide.RIGHT else ids[len(ids) - budget :]
+
+
+@dataclass(frozen=True, slots=True)
+class RerankPlan:
+    """The engine prompts of one request and how documents map onto them."""
+
+    prompts: list[EnginePrompt]
+    document_prompt: list[int]  # document index -> index into prompts
+    query_prompt: int | None  # index into prompts, for modes that embed the query alone
+
+
+class PromptBuilder:
+    def __init__(self, tokenizer: Any, settings: RerankSettings, max_model_len: int) -> None:
+        self._tokenizer = tokenizer
+        self._settings = settings
+        self._max_model_len = max_model_len
+        self._layout = SpecialTokenLayout.learn(tokenizer)
+        self._vocab_size = len(tokenizer)
+        if settings.template is PromptTemplate.QWEN3_RERANKER:
+            self._qwen3_prefix = _ids(tokenizer, QWEN3_SYSTEM_PREFIX)
+            self._qwen3_suffix = _ids(tokenizer, QWEN3_SUFFIX)
+
+    @property
+    def layout(self) -> SpecialTokenLayout:
+        return self._layout
+
+    def budget(self, request: RerankInput) -> TokenBudget:
+        truncation = request.truncation
+        max_tokens = self._max_model_len
+        if truncation is not None and truncation.max_tokens is not None:
+            if not 1 <= truncation.max_tokens <= self._max_model_len:
+                raise InvalidInputError.single(
+                    "truncation.max_tokens",
+                    f"must be between 1 and the model's limit of {self._max_model_len}",
+                )
+            max_tokens = truncation.max_tokens
+        side = truncation.side if truncation is not None else TruncationSide.RIGHT
+        return TokenBudget(max_tokens, truncation is not None, side)
+
+    def plan(self, request: RerankInput) -> RerankPlan:
+        budget = self.budget(request)
+        query_ids, document_ids = self._tokenize(request)
+        if self._settings.mode is RerankMode.CROSS_ENCODER:
+            candidates = self._pairs(query_ids, document_ids, request.documents, budget)
+            query_candidate = None
+        else:
+            candidates = [
+                self._single(ids, budget, _document_field(i, doc), "the document")
+                for i, (ids, doc) in enumerate(zip(document_ids, request.documents))
+            ]
+            query_candidate = self._single(query_ids, budget, "query", "the query")
+        return _deduplicate(candidates, query_candidate)
+
+    def _tokenize(self, request: RerankInput) -> tuple[list[int], list[list[int]]]:
+        """One batched tokenizer call for the query and every text document."""
+        doc_prefix = " " if self._settings.template is PromptTemplate.QWEN3_RERANKER else ""
+        texts = [self._query_text(request.query)]
+        texts += [doc_prefix + d.text for d in request.documents if d.text is not None]
+        encoded = iter(self._tokenizer(texts, add_special_tokens=False)["input_ids"])
+        query_ids = list(next(encoded))
+        document_ids: list[list[int]] = []
+        violations: list[FieldViolation] = []
+        for i, doc in enumerate(request.documents):
+            if doc.text is not None:
+                document_ids.append(list(next(encoded)))
+                continue
+            ids = list(doc.token_ids or [])
+            bad = next((j for j, t in enumerate(ids) if not 0 <= t < self._vocab_size), None)
+            if bad is not None:
+                violations.append(
+                    FieldViolation(
+                        f"documents[{i}].token_ids.ids[{bad}]",
+                        f"token id {ids[bad]} is outside the vocabulary (size {self._vocab_size})",
+                    )
+                )
+            document_ids.append(ids)
+        if violations:
+            raise InvalidInputError(violations)
+        return query_ids, document_ids
+
+    def _query_text(self, query: str) -> str:
+        if self._settings.template is PromptTemplate.QWEN3_RERANKER:
+            return f"<Instruct>: {self._settings.instruction}\n<Query>: {query}\n<Document>:"
+        return query
+
+    def _pairs(
+        self,
+        query_ids: list[int],
+        document_ids: list[list[int]],
+        documents: list[RerankDocumentInput],
+        budget: TokenBudget,
+    ) -> list[EnginePrompt]:
+        if self._settings.template is PromptTemplate.QWEN3_RERANKER:
+            head = self._qwen3_prefix + query_ids
+            tail = self._qwen3_suffix
+            types = False
+        else:
+            layout = self._layout
+            head = [*layout.pair_prefix, *query_ids, *layout.pair_middle]
+            tail = list(layout.pair_suffix)
+            types = layout.pair_uses_token_types
+        room = budget.max_tokens - len(head) - len(tail)
+        if room < 1:
+            raise InvalidInputError.single(
+                "query",
+                f"the query takes {len(head) + len(tail)} tokens with the prompt around it, "
+                f"leaving no room for a document within {budget.max_tokens} tokens",
+            )
+        second_segment = len(head) if types else None
+        return [
+            EnginePrompt(
+                tuple(head + budget.fit(ids, room, _document_field(i, doc), "the document") + tail),
+                second_segment,
+            )
+            for i, (ids, doc) in enumerate(zip(document_ids, documents))
+        ]
+
+    def _single(self, ids: list[int], budget: TokenBudget, field: str, what: str) -> EnginePrompt:
+        layout = self._layout
+        room = budget.max_tokens - len(layout.single_prefix) - len(layout.single_suffix)
+        body = budget.fit(ids, room, field, what)
+        return EnginePrompt((*layout.single_prefix, *body, *layout.single_suffix))
+
+
+def _document_field(index: int, doc: RerankDocumentInput) -> str:
+    return f"documents[{index}].{'text' if doc.text is not None else 'token_ids'}"
+
+
+def _deduplicate(candidates: list[EnginePrompt], query: EnginePrompt | None) -> RerankPlan:
+    """Identical prompts run once and share one output, so duplicates score identically."""
+    index: dict[EnginePrompt, int] = {}
+    prompts: list[EnginePrompt] = []
+
+    def slot(prompt: EnginePrompt) -> int:
+        position = index.get(prompt)
+        if position is None:
+            position = index[prompt] = len(prompts)
+            prompts.append(prompt)
+        return position
+
+    document_prompt = [slot(p) for p in candidates]
+    query_prompt = slot(query) if query is not None else None
+    return RerankPlan(prompts, document_prompt, query_prompt)

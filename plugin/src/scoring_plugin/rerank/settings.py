@@ -1,0 +1,88 @@
+"""How a served model reranks, read from its Hugging Face config.
+
+The mode and template travel in ``config.json`` (key ``scoring_rerank``) or in vLLM's
+``hf_overrides``, so stock ``vllm serve`` and our server pick the same behaviour for the same
+checkpoint. Anything absent is inferred from the architecture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from scoring_plugin.rerank.types import Activation
+
+CONFIG_KEY = "scoring_rerank"
+DEFAULT_MAX_DOCUMENTS = 1000
+QWEN3_DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+
+
+class RerankMode(str, Enum):
+    CROSS_ENCODER = "cross_encoder"
+    BI_ENCODER = "bi_encoder"
+    LATE_INTERACTION = "late_interaction"
+
+    @property
+    def pooling_task(self) -> str:
+        return _TASKS[self]
+
+    @property
+    def default_activation(self) -> Activation:
+        # A cross-encoder emits a logit; similarities are already on a meaningful scale.
+        return Activation.SIGMOID if self is RerankMode.CROSS_ENCODER else Activation.NONE
+
+
+_TASKS = {
+    RerankMode.CROSS_ENCODER: "classify",
+    RerankMode.BI_ENCODER: "embed",
+    RerankMode.LATE_INTERACTION: "token_embed",
+}
+
+
+class PromptTemplate(str, Enum):
+    # The tokenizer's own pair layout, e.g. [CLS] query [SEP] document [SEP] with token types.
+    TOKENIZER_PAIR = "tokenizer_pair"
+    # Qwen3-Reranker's chat prompt with <Instruct>/<Query>/<Document> sections.
+    QWEN3_RERANKER = "qwen3_reranker"
+
+
+@dataclass(frozen=True, slots=True)
+class RerankSettings:
+    mode: RerankMode
+    template: PromptTemplate
+    instruction: str
+    max_documents: int
+
+    @classmethod
+    def from_hf_config(cls, hf_config: Any) -> RerankSettings:
+        raw = hf_config.to_dict() if hasattr(hf_config, "to_dict") else dict(hf_config)
+        own: dict[str, Any] = dict(raw.get(CONFIG_KEY) or {})
+        architectures = [str(a) for a in raw.get("architectures") or []]
+        is_qwen3 = any(a.startswith("Qwen3") for a in architectures)
+        mode = RerankMode(own["mode"]) if "mode" in own else _infer_mode(architectures, raw)
+        if "template" in own:
+            template = PromptTemplate(own["template"])
+        elif is_qwen3 and mode is RerankMode.CROSS_ENCODER:
+            template = PromptTemplate.QWEN3_RERANKER
+        else:
+            template = PromptTemplate.TOKENIZER_PAIR
+        max_documents = int(own.get("max_documents", DEFAULT_MAX_DOCUMENTS))
+        if max_documents < 1:
+            raise ValueError(f"{CONFIG_KEY}.max_documents must be >= 1, got {max_documents}")
+        return cls(
+            mode=mode,
+            template=template,
+            instruction=str(own.get("instruction", QWEN3_DEFAULT_INSTRUCTION)),
+            max_documents=max_documents,
+        )
+
+
+def _infer_mode(architectures: list[str], raw: dict[str, Any]) -> RerankMode:
+    if any("ColBERT" in a for a in architectures):
+        return RerankMode.LATE_INTERACTION
+    if raw.get("is_original_qwen3_reranker") or any(
+        a.endswith("ForSequenceClassification") for a in architectures
+    ):
+        return RerankMode.CROSS_ENCODER
+    return RerankMode.BI_ENCODER

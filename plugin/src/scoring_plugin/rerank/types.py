@@ -1,0 +1,68 @@
+"""Plain request and result types of the reranker IO processor.
+
+They are dataclasses rather than protobuf messages so the plugin stays usable without our
+server (``vllm serve`` hands ``parse_data`` a JSON dict); the gRPC server builds them directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Activation(str, Enum):
+    DEFAULT = "default"
+    NONE = "none"
+    SIGMOID = "sigmoid"
+
+
+class TruncationSide(str, Enum):
+    RIGHT = "right"
+    LEFT = "left"
+
+
+@dataclass(slots=True)
+class TruncationOptions:
+    """Presence means the caller accepts truncation; absence means over-long input is rejected."""
+
+    max_tokens: int | None = None
+    side: TruncationSide = TruncationSide.RIGHT
+
+
+@dataclass(slots=True)
+class RerankDocumentInput:
+    """Exactly one of ``text`` and ``token_ids`` is set."""
+
+    text: str | None = None
+    token_ids: list[int] | None = None
+    id: str | None = None
+
+
+@dataclass(slots=True)
+class RerankInput:
+    query: str
+    documents: list[RerankDocumentInput]
+    top_n: int | None = None
+    return_documents: bool = False
+    return_raw_scores: bool = False
+    activation: Activation = Activation.DEFAULT
+    truncation: TruncationOptions | None = None
+
+
+@dataclass(slots=True)
+class ScoredDocument:
+    index: int
+    score: float
+    tokens: int
+    id: str | None = None
+    raw_score: float | None = None
+    document: RerankDocumentInput | None = None
+
+
+@dataclass(slots=True)
+class RerankOutput:
+    """Results sorted best first; ``prompt_tokens`` counts every distinct engine prompt once."""
+
+    results: list[ScoredDocument]
+    prompt_tokens: int
+    engine_requests: int

@@ -1,0 +1,132 @@
+"""Assembles the grpc.aio server and runs it: health first, engines next, drain on SIGTERM.
+
+The port opens before any engine starts, so orchestrators see NOT_SERVING (not a refused
+connection) while models load, and SERVING per service as each engine becomes ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from scoring.v1 import (
+    absa_pb2,
+    absa_pb2_grpc,
+    image_rank_pb2,
+    image_rank_pb2_grpc,
+    info_pb2,
+    info_pb2_grpc,
+    rerank_pb2,
+    rerank_pb2_grpc,
+)
+from scoring_server.config import ModelKind, ServerSettings
+from scoring_server.engines import ModelRegistry, ServedModel
+from scoring_server.errors import ErrorMappingInterceptor
+from scoring_server.services.info import InfoServicer
+from scoring_server.services.pending import AbsaServicer, ImageRankServicer
+from scoring_server.services.rerank import RerankScorer, RerankServicer
+
+logger = logging.getLogger(__name__)
+
+RERANK_SERVICE = rerank_pb2.DESCRIPTOR.services_by_name["RerankService"].full_name
+INFO_SERVICE = info_pb2.DESCRIPTOR.services_by_name["InfoService"].full_name
+ABSA_SERVICE = absa_pb2.DESCRIPTOR.services_by_name["AbsaService"].full_name
+IMAGE_RANK_SERVICE = image_rank_pb2.DESCRIPTOR.services_by_name["ImageRankService"].full_name
+_SERVICE_OF_KIND = {
+    ModelKind.RERANK: RERANK_SERVICE,
+    ModelKind.ABSA: ABSA_SERVICE,
+    ModelKind.IMAGE_RANK: IMAGE_RANK_SERVICE,
+}
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class ScoringServer:
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.registry = ModelRegistry.from_settings(settings.models)
+        self.health = health.aio.HealthServicer()
+        self.server = grpc.aio.server(
+            interceptors=[ErrorMappingInterceptor()],
+            options=[
+                ("grpc.max_receive_message_length", settings.max_receive_message_bytes),
+                ("grpc.max_send_message_length", settings.max_send_message_bytes),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        rerank_pb2_grpc.add_RerankServiceServicer_to_server(
+            RerankServicer(RerankScorer(self.registry), settings.stream_max_in_flight),
+            self.server,
+        )
+        info_pb2_grpc.add_InfoServiceServicer_to_server(
+            InfoServicer(self.registry, settings), self.server
+        )
+        absa_pb2_grpc.add_AbsaServiceServicer_to_server(AbsaServicer(), self.server)
+        image_rank_pb2_grpc.add_ImageRankServiceServicer_to_server(
+            ImageRankServicer(), self.server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        if settings.reflection:
+            reflection.enable_server_reflection(
+                (
+                    RERANK_SERVICE,
+                    INFO_SERVICE,
+                    ABSA_SERVICE,
+                    IMAGE_RANK_SERVICE,
+                    health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                    reflection.SERVICE_NAME,
+                ),
+                self.server,
+            )
+        self.port = self.server.add_insecure_port(f"{settings.host}:{settings.port}")
+        if self.port == 0:
+            raise RuntimeError(f"cannot bind {settings.host}:{settings.port}")
+
+    async def start(self) -> None:
+        for name in ("", *_SERVICE_OF_KIND.values()):
+            await self.health.set(name, NOT_SERVING)
+        await self.health.set(INFO_SERVICE, SERVING)
+        await self.server.start()
+        logger.info("listening on %s:%d", self.settings.host, self.port)
+        await self.registry.start_all(self._on_model_ready)
+        await self.health.set("", SERVING)
+
+    def _on_model_ready(self, model: ServedModel) -> None:
+        asyncio.get_running_loop().create_task(self._mark_ready(model))
+
+    async def _mark_ready(self, model: ServedModel) -> None:
+        service = _SERVICE_OF_KIND[model.settings.kind]
+        await self.health.set(f"{service}/{model.settings.name}", SERVING)
+        if self.registry.default_for(model.settings.kind) is model:
+            await self.health.set(service, SERVING)
+
+    async def drain(self) -> None:
+        """Health first, so load balancers stop routing; then in-flight calls finish."""
+        logger.info("draining for up to %.1f s", self.settings.drain_grace_s)
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(self.settings.drain_grace_s)
+        self.registry.shutdown()
+
+
+async def serve(settings: ServerSettings) -> None:
+    server = ScoringServer(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    starting = asyncio.create_task(server.start())
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if starting.done():
+            starting.result()  # a model that failed to start ends the process here
+            await stopping
+        else:
+            starting.cancel()
+    finally:
+        await server.drain()

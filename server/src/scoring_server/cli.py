@@ -1,0 +1,78 @@
+"""``scoring-server``: configuration from a YAML file, flags, or the built-in demo."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+
+from scoring_server.config import ModelSettings, ServerSettings
+
+DEFAULT_DEMO_DIR = Path(os.environ.get("SCORING_DEMO_DIR", ".demo-models"))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="scoring-server", description=__doc__)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", type=Path, help="YAML file with server settings and models")
+    source.add_argument(
+        "--demo", action="store_true", help="serve demo models built locally (CPU, fp32)"
+    )
+    source.add_argument("--model-path", help="serve one rerank model from this directory")
+    parser.add_argument("--model-name", help="name of the --model-path model (default: dir name)")
+    parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--rerank-mode", choices=["cross_encoder", "bi_encoder", "late_interaction"])
+    parser.add_argument("--demo-dir", type=Path, default=DEFAULT_DEMO_DIR)
+    parser.add_argument("--host")
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--drain-grace-s", type=float)
+    parser.add_argument("--no-reflection", action="store_true")
+    parser.add_argument("--log-level", default="INFO")
+    return parser.parse_args(argv)
+
+
+def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    overrides = {
+        "host": args.host,
+        "port": args.port,
+        "drain_grace_s": args.drain_grace_s,
+        "reflection": False if args.no_reflection else None,
+    }
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if args.config is not None:
+        return ServerSettings.from_yaml(args.config, **overrides)
+    if args.demo:
+        from scoring_server.demo import build_demo_models
+
+        return ServerSettings(models=build_demo_models(args.demo_dir), **overrides)
+    if args.dtype is None:
+        raise SystemExit("--dtype is required: the precision is always stated, never guessed")
+    model = ModelSettings(
+        name=args.model_name or Path(args.model_path).name,
+        path=args.model_path,
+        dtype=args.dtype,
+        rerank_mode=args.rerank_mode,
+    )
+    return ServerSettings(models=[model], **overrides)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    settings = settings_from_args(args)
+    from scoring_server.app import serve
+
+    try:
+        asyncio.run(serve(settings))
+    except Exception:
+        logging.getLogger("scoring_server").exception("server failed")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Server and per-model settings: a YAML file, ``SCORING_*`` environment variables, CLI flags.
+
+dtype has no default and no "auto": an fp32 model silently run in fp16 once produced a fake
+13x speed-up, so the operator states the precision and every response reports it.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from scoring_plugin.rerank.settings import CONFIG_KEY, RerankMode
+
+MIB = 1024 * 1024
+
+
+class ModelKind(str, Enum):
+    RERANK = "rerank"
+    ABSA = "absa"
+    IMAGE_RANK = "image_rank"
+
+
+class ModelSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    kind: ModelKind = ModelKind.RERANK
+    path: str = Field(min_length=1, description="Local checkpoint directory.")
+    dtype: Literal["float32", "float16", "bfloat16"]
+    rerank_mode: RerankMode | None = Field(
+        default=None, description="Unset: inferred from the checkpoint's architecture."
+    )
+    max_items_per_request: int = Field(default=256, ge=1)
+    max_model_len: int | None = Field(default=None, ge=8)
+    # On the CPU backend this is a fraction of host memory, so the default stays small.
+    gpu_memory_utilization: float = Field(default=0.05, gt=0, le=1)
+    hf_overrides: dict[str, Any] = Field(default_factory=dict)
+    # Passed to vLLM's AsyncEngineArgs unchanged (enforce_eager, tensor_parallel_size, ...).
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+    default: bool = False
+
+    @model_validator(mode="after")
+    def _only_implemented_kinds(self) -> ModelSettings:
+        if self.kind is not ModelKind.RERANK:
+            raise ValueError(f"model kind {self.kind.value!r} is not implemented yet")
+        return self
+
+    def effective_hf_overrides(self) -> dict[str, Any]:
+        """The plugin reads its settings from the HF config; they travel as overrides."""
+        overrides = dict(self.hf_overrides)
+        own = dict(overrides.get(CONFIG_KEY) or {})
+        own["max_documents"] = self.max_items_per_request
+        if self.rerank_mode is not None:
+            own["mode"] = self.rerank_mode.value
+        overrides[CONFIG_KEY] = own
+        return overrides
+
+
+class ServerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SCORING_", env_nested_delimiter="__")
+
+    host: str = "0.0.0.0"
+    port: int = Field(default=50051, ge=0, le=65535)
+    max_receive_message_bytes: int = Field(default=16 * MIB, ge=1024)
+    max_send_message_bytes: int = Field(default=16 * MIB, ge=1024)
+    # SIGTERM: health goes NOT_SERVING, then in-flight calls get this long to finish.
+    drain_grace_s: float = Field(default=20.0, ge=0)
+    reflection: bool = True
+    # Concurrent requests per bulk stream; bounds what one stream can hold in memory.
+    stream_max_in_flight: int = Field(default=8, ge=1)
+    models: list[ModelSettings] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _models_consistent(self) -> ServerSettings:
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"model names must be unique: {names}")
+        for kind in ModelKind:
+            defaults = [m.name for m in self.models if m.kind is kind and m.default]
+            if len(defaults) > 1:
+                raise ValueError(f"more than one default {kind.value} model: {defaults}")
+        return self
+
+    @classmethod
+    def from_yaml(cls, path: Path, **overrides: Any) -> ServerSettings:
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a mapping at the top level")
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**data)

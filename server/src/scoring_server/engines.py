@@ -1,0 +1,100 @@
+"""Lifecycle of the in-process vLLM engines: one AsyncLLM per configured model.
+
+Engines start in a worker thread so the gRPC server (and its health service) answers while a
+model loads; each model reports ready only once its engine has started and its IO processor
+exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from vllm import AsyncEngineArgs
+from vllm.plugins.io_processors import get_io_processor
+from vllm.v1.engine.async_llm import AsyncLLM
+
+from scoring_plugin.io_processors.reranker import RerankerIOProcessor
+from scoring_server.config import ModelKind, ModelSettings
+
+logger = logging.getLogger(__name__)
+
+RERANKER_PLUGIN = "reranker"
+
+
+@dataclass
+class ServedModel:
+    settings: ModelSettings
+    engine: AsyncLLM | None = None
+    processor: RerankerIOProcessor | None = None
+    architecture: str = ""
+
+    @property
+    def ready(self) -> bool:
+        return self.engine is not None and self.processor is not None and not self.engine.errored
+
+
+@dataclass
+class ModelRegistry:
+    """The served models by name, and which one requests without a `model` field get."""
+
+    models: dict[str, ServedModel] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, settings: list[ModelSettings]) -> ModelRegistry:
+        return cls({m.name: ServedModel(m) for m in settings})
+
+    def default_for(self, kind: ModelKind) -> ServedModel | None:
+        of_kind = [m for m in self.models.values() if m.settings.kind is kind]
+        marked = [m for m in of_kind if m.settings.default]
+        return (marked or of_kind or [None])[0]
+
+    def is_default(self, model: ServedModel) -> bool:
+        return self.default_for(model.settings.kind) is model
+
+    async def start_all(self, on_ready: Callable[[ServedModel], None]) -> None:
+        """Starts engines one after another: starting them together only contends for cores.
+
+        A model that cannot start raises: a server missing a configured model should exit
+        non-zero and let the orchestrator restart it, not serve half its contract.
+        """
+        for model in self.models.values():
+            await asyncio.to_thread(_start, model)
+            logger.info("model %s ready (%s)", model.settings.name, model.architecture)
+            on_ready(model)
+
+    def shutdown(self) -> None:
+        for model in self.models.values():
+            if model.engine is not None:
+                model.engine.shutdown()
+                model.engine = None
+
+
+def engine_args(settings: ModelSettings) -> AsyncEngineArgs:
+    return AsyncEngineArgs(
+        model=settings.path,
+        served_model_name=settings.name,
+        runner="pooling",
+        dtype=settings.dtype,
+        max_model_len=settings.max_model_len,
+        gpu_memory_utilization=settings.gpu_memory_utilization,
+        hf_overrides=settings.effective_hf_overrides(),
+        io_processor_plugin=RERANKER_PLUGIN,
+        **settings.engine_args,
+    )
+
+
+def _start(model: ServedModel) -> None:
+    engine = AsyncLLM.from_engine_args(engine_args(model.settings))
+    try:
+        # Loaded through the entry point, exactly as `vllm serve` would load it.
+        processor = get_io_processor(engine.vllm_config, engine.renderer, RERANKER_PLUGIN)
+        if not isinstance(processor, RerankerIOProcessor):
+            raise TypeError(f"plugin {RERANKER_PLUGIN!r} resolved to {type(processor)!r}")
+    except Exception:
+        engine.shutdown()
+        raise
+    model.architecture = ",".join(engine.vllm_config.model_config.architectures or [])
+    model.engine, model.processor = engine, processor

@@ -1,0 +1,115 @@
+"""Maps exceptions to gRPC statuses in one place (an interceptor, as KServe does).
+
+Servicers raise; they never build statuses. Callers get a precise code and, for bad input,
+``google.rpc.BadRequest`` field violations; internals (tracebacks, engine messages) are logged,
+never sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+from vllm.v1.engine.exceptions import EngineDeadError
+
+from scoring_plugin.errors import InvalidInputError
+from scoring_plugin.io_processors.reranker import NonFiniteScoreError
+
+logger = logging.getLogger(__name__)
+
+
+class ServiceError(Exception):
+    """An error whose code and message are safe to show the caller."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.field = field
+
+
+def status_for(exc: BaseException) -> status_pb2.Status:
+    if isinstance(exc, InvalidInputError):
+        return _status(
+            code_pb2.INVALID_ARGUMENT,
+            str(exc),
+            [(v.field, v.description) for v in exc.violations],
+        )
+    if isinstance(exc, ServiceError):
+        violations = [(exc.field, str(exc))] if exc.field else []
+        return _status(exc.code.value[0], str(exc), violations)
+    if isinstance(exc, EngineDeadError):
+        return _status(code_pb2.UNAVAILABLE, "the model engine is not running")
+    if isinstance(exc, NonFiniteScoreError):
+        return _status(code_pb2.INTERNAL, str(exc))
+    logger.error("unexpected error", exc_info=exc)
+    return _status(code_pb2.INTERNAL, "internal error; see the server log")
+
+
+def _status(
+    code: int, message: str, violations: list[tuple[str, str]] | None = None
+) -> status_pb2.Status:
+    status = status_pb2.Status(code=code, message=message)
+    if violations:
+        detail = any_pb2.Any()
+        detail.Pack(
+            error_details_pb2.BadRequest(
+                field_violations=[
+                    error_details_pb2.BadRequest.FieldViolation(field=f, description=d)
+                    for f, d in violations
+                ]
+            )
+        )
+        status.details.append(detail)
+    return status
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
+    status = rpc_status.to_status(status_for(exc))
+    await context.abort(status.code, status.details, status.trailing_metadata)
+
+
+class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        if handler.unary_unary is not None:
+            return handler._replace(unary_unary=_wrap_unary(handler.unary_unary))
+        if handler.stream_stream is not None:
+            return handler._replace(stream_stream=_wrap_stream(handler.stream_stream))
+        return handler
+
+
+def _wrap_unary(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await behavior(request, context)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as exc:
+            await _abort(context, exc)
+
+    return wrapped
+
+
+def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+    async def wrapped(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        try:
+            async for response in behavior(requests, context):
+                yield response
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as exc:
+            await _abort(context, exc)
+
+    return wrapped

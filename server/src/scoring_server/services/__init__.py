@@ -1,0 +1,1 @@
+"""gRPC servicers, one module per service of ``proto/scoring/v1``."""

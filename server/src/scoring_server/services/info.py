@@ -1,0 +1,66 @@
+"""InfoService: what is served and the limits, so clients size requests up front."""
+
+from __future__ import annotations
+
+import grpc
+import vllm
+
+from scoring.v1 import common_pb2, info_pb2, info_pb2_grpc, rerank_pb2
+from scoring_plugin.rerank.settings import RerankMode
+from scoring_server import __version__
+from scoring_server.config import ModelKind, ServerSettings
+from scoring_server.engines import ModelRegistry
+from scoring_server.services.rerank import DTYPES
+
+_KINDS = {
+    ModelKind.RERANK: common_pb2.MODEL_KIND_RERANK,
+    ModelKind.ABSA: common_pb2.MODEL_KIND_ABSA,
+    ModelKind.IMAGE_RANK: common_pb2.MODEL_KIND_IMAGE_RANK,
+}
+_MODES = {
+    RerankMode.CROSS_ENCODER: rerank_pb2.RERANK_MODE_CROSS_ENCODER,
+    RerankMode.BI_ENCODER: rerank_pb2.RERANK_MODE_BI_ENCODER,
+    RerankMode.LATE_INTERACTION: rerank_pb2.RERANK_MODE_LATE_INTERACTION,
+}
+_DEFAULT_ACTIVATIONS = {
+    RerankMode.CROSS_ENCODER: rerank_pb2.ACTIVATION_SIGMOID,
+    RerankMode.BI_ENCODER: rerank_pb2.ACTIVATION_NONE,
+    RerankMode.LATE_INTERACTION: rerank_pb2.ACTIVATION_NONE,
+}
+
+
+class InfoServicer(info_pb2_grpc.InfoServiceServicer):
+    def __init__(self, registry: ModelRegistry, settings: ServerSettings) -> None:
+        self._registry = registry
+        self._settings = settings
+
+    async def GetInfo(
+        self, request: info_pb2.GetInfoRequest, context: grpc.aio.ServicerContext
+    ) -> info_pb2.GetInfoResponse:
+        response = info_pb2.GetInfoResponse(
+            max_receive_message_bytes=self._settings.max_receive_message_bytes,
+            max_send_message_bytes=self._settings.max_send_message_bytes,
+            server_version=__version__,
+            vllm_version=vllm.__version__,
+        )
+        for model in self._registry.models.values():
+            info = response.models.add(
+                name=model.settings.name,
+                kind=_KINDS[model.settings.kind],
+                dtype=DTYPES[model.settings.dtype],
+                architecture=model.architecture,
+                max_items_per_request=model.settings.max_items_per_request,
+                ready=model.ready,
+                is_default=self._registry.is_default(model),
+            )
+            if model.processor is not None:
+                mode = model.processor.settings.mode
+                info.rerank_mode = _MODES[mode]
+                info.default_activation = _DEFAULT_ACTIVATIONS[mode]
+                info.max_tokens_per_item = model.processor.max_model_len
+                info.pending_request_states = model.processor.pending_states
+            if model.engine is not None:
+                info.engine_requests_in_flight = (
+                    model.engine.output_processor.get_num_unfinished_requests()
+                )
+        return response

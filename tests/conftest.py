@@ -1,0 +1,112 @@
+"""One real server for the whole session: the `scoring-server --demo` command, real engines.
+
+Engine start is ~20 s per model on CPU, so every end-to-end test shares this process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from scoring_client import ScoringClient
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO_DIR = Path(os.environ.get("SCORING_DEMO_DIR", REPO / ".demo-models"))
+START_TIMEOUT_S = 900
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RunningServer:
+    process: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def client(self, **kwargs: object) -> ScoringClient:
+        return ScoringClient(self.target, **kwargs)  # type: ignore[arg-type]
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def start_server(args: list[str], log: Path, *, wait_service: str = "") -> RunningServer:
+    port = free_port()
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "scoring_server", *args, "--port", str(port), "--host", "127.0.0.1"],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+    server = RunningServer(process, port, log)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    with server.client(timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"server exited with {process.returncode}:\n{server.log_tail()}")
+            try:
+                if client.health(wait_service) == "SERVING":
+                    return server
+            except Exception:
+                pass
+            time.sleep(1.0)
+    stop_server(server)
+    raise TimeoutError(f"server not SERVING after {START_TIMEOUT_S} s:\n{server.log_tail()}")
+
+
+def stop_server(server: RunningServer, timeout: float = 60.0) -> int:
+    if server.process.poll() is None:
+        server.process.send_signal(signal.SIGTERM)
+        try:
+            server.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            server.process.kill()
+            server.process.wait()
+    return server.process.returncode
+
+
+@pytest.fixture(scope="session")
+def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    log = tmp_path_factory.mktemp("server") / "demo-server.log"
+    server = start_server(["--demo", "--demo-dir", str(DEMO_DIR)], log)
+    yield server
+    code = stop_server(server)
+    assert code == 0, f"demo server exited with {code} on SIGTERM:\n{server.log_tail()}"
+
+
+@pytest.fixture(scope="session")
+def client(demo_server: RunningServer) -> Iterator[ScoringClient]:
+    with demo_server.client(timeout=60.0) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def channel(demo_server: RunningServer) -> Iterator[grpc.Channel]:
+    with grpc.insecure_channel(demo_server.target) as ch:
+        yield ch
+
+
+@pytest.fixture(scope="session")
+def demo_models() -> dict[str, object]:
+    from scoring_server.demo import build_demo_models
+
+    return {m.name: m for m in build_demo_models(DEMO_DIR)}

@@ -1,0 +1,152 @@
+"""Hugging Face reference scoring for each demo model: what the plugin path must reproduce.
+
+Each function scores (query, documents) with plain transformers in fp32, either one pair per
+forward pass (``batched=False``) or all documents in one padded batch (``batched=True``), and
+returns raw scores: logits, cosine similarities or MaxSim sums.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModel,
+    AutoTokenizer,
+    BertForSequenceClassification,
+    Qwen3ForCausalLM,
+    Qwen3ForSequenceClassification,
+)
+
+from scoring_plugin.reference.colbert import ColBERTReference
+from scoring_plugin.rerank.prompts import QWEN3_SUFFIX, QWEN3_SYSTEM_PREFIX
+from scoring_plugin.rerank.settings import QWEN3_DEFAULT_INSTRUCTION
+
+DTYPE = torch.float32
+Scorer = Callable[[str, list[str], bool], list[float]]
+
+
+def _chunks(documents: list[str], batched: bool) -> list[list[str]]:
+    return [documents] if batched else [[d] for d in documents]
+
+
+def bi_encoder(path: Path) -> Scorer:
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModel.from_pretrained(path, dtype=DTYPE).eval()
+
+    def embed(texts: list[str]) -> torch.Tensor:
+        enc = tokenizer(texts, padding=True, return_tensors="pt")
+        hidden = model(**enc).last_hidden_state
+        mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * mask).sum(1) / mask.sum(1)  # sentence-transformers mean pooling
+        return torch.nn.functional.normalize(pooled, dim=-1)
+
+    @torch.no_grad()
+    def score(query: str, documents: list[str], batched: bool) -> list[float]:
+        q = embed([query])[0]
+        return [float(e @ q) for chunk in _chunks(documents, batched) for e in embed(chunk)]
+
+    return score
+
+
+def bert_cross_encoder(path: Path) -> Scorer:
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = BertForSequenceClassification.from_pretrained(path, dtype=DTYPE).eval()
+
+    @torch.no_grad()
+    def score(query: str, documents: list[str], batched: bool) -> list[float]:
+        out: list[float] = []
+        for chunk in _chunks(documents, batched):
+            enc = tokenizer([query] * len(chunk), chunk, padding=True, return_tensors="pt")
+            out += model(**enc).logits[:, 0].tolist()
+        return out
+
+    return score
+
+
+def _qwen3_inputs(tokenizer, query: str, documents: list[str]) -> dict[str, torch.Tensor]:
+    """Qwen3-Reranker's published recipe: prefix + formatted pair + suffix, right-padded."""
+    prefix = tokenizer(QWEN3_SYSTEM_PREFIX, add_special_tokens=False)["input_ids"]
+    suffix = tokenizer(QWEN3_SUFFIX, add_special_tokens=False)["input_ids"]
+    rows = [
+        prefix
+        + tokenizer(
+            f"<Instruct>: {QWEN3_DEFAULT_INSTRUCTION}\n<Query>: {query}\n<Document>: {d}",
+            add_special_tokens=False,
+        )["input_ids"]
+        + suffix
+        for d in documents
+    ]
+    width = max(len(r) for r in rows)
+    pad = tokenizer.pad_token_id
+    ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    return {"input_ids": ids, "attention_mask": mask, "lengths": torch.tensor([len(r) for r in rows])}
+
+
+def qwen3_seq_cls(path: Path) -> Scorer:
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = Qwen3ForSequenceClassification.from_pretrained(path, dtype=DTYPE).eval()
+
+    @torch.no_grad()
+    def score(query: str, documents: list[str], batched: bool) -> list[float]:
+        out: list[float] = []
+        for chunk in _chunks(documents, batched):
+            enc = _qwen3_inputs(tokenizer, query, chunk)
+            enc.pop("lengths")
+            out += model(**enc).logits[:, 0].tolist()
+        return out
+
+    return score
+
+
+def qwen3_original_reranker(path: Path) -> Scorer:
+    """The causal LM scored as in Qwen3-Reranker: logit("yes") - logit("no") at the last token,
+    whose sigmoid equals the published softmax over (no, yes)."""
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = Qwen3ForCausalLM.from_pretrained(path, dtype=DTYPE).eval()
+    yes, no = tokenizer.convert_tokens_to_ids("yes"), tokenizer.convert_tokens_to_ids("no")
+
+    @torch.no_grad()
+    def score(query: str, documents: list[str], batched: bool) -> list[float]:
+        out: list[float] = []
+        for chunk in _chunks(documents, batched):
+            enc = _qwen3_inputs(tokenizer, query, chunk)
+            lengths = enc.pop("lengths")
+            logits = model(**enc).logits
+            last = logits[torch.arange(len(chunk)), lengths - 1]
+            out += (last[:, yes] - last[:, no]).tolist()
+        return out
+
+    return score
+
+
+def colbert(path: Path) -> Scorer:
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = ColBERTReference.from_pretrained(path, dtype=DTYPE).eval()
+
+    def tokens(texts: list[str]) -> list[torch.Tensor]:
+        enc = tokenizer(texts, padding=True, return_tensors="pt")
+        vectors = model(enc["input_ids"], enc["attention_mask"])
+        return [v[m.bool()] for v, m in zip(vectors, enc["attention_mask"])]
+
+    @torch.no_grad()
+    def score(query: str, documents: list[str], batched: bool) -> list[float]:
+        q = tokens([query])[0]
+        return [
+            float((q @ d.T).max(dim=1).values.sum())
+            for chunk in _chunks(documents, batched)
+            for d in tokens(chunk)
+        ]
+
+    return score
+
+
+REFERENCES: dict[str, Callable[[Path], Scorer]] = {
+    "minilm": bi_encoder,
+    "bert-cross-encoder": bert_cross_encoder,
+    "qwen3-seq-cls": qwen3_seq_cls,
+    "qwen3-reranker": qwen3_original_reranker,
+    "colbert": colbert,
+}
