@@ -6,6 +6,7 @@ Engine start is ~20 s per model on CPU, so every end-to-end test shares this pro
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,6 +24,20 @@ from scoring_client import ScoringClient
 REPO = Path(__file__).resolve().parent.parent
 DEMO_DIR = Path(os.environ.get("SCORING_DEMO_DIR", REPO / ".demo-models"))
 START_TIMEOUT_S = 900
+
+
+def venv_tool(name: str) -> str:
+    """A console script of this environment, even when its bin/ is not on PATH."""
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    assert found is not None, f"{name} is part of the locked environment but was not found"
+    return found
+
+
+def tool_env() -> dict[str, str]:
+    env = os.environ.copy()
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
 
 
 def free_port() -> int:
@@ -87,6 +102,10 @@ def stop_server(server: RunningServer, timeout: float = 60.0) -> int:
 @pytest.fixture(scope="session")
 def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     log = tmp_path_factory.mktemp("server") / "demo-server.log"
+    reuse = os.environ.get("SCORING_TEST_REUSE_PORT")
+    if reuse:  # for development: a demo server already running on this port
+        yield RunningServer(subprocess.Popen(["true"]), int(reuse), log)
+        return
     server = start_server(["--demo", "--demo-dir", str(DEMO_DIR)], log)
     yield server
     code = stop_server(server)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vllm import ModelRegistry
 
-PAIR_BERT_ARCHITECTURE = "ScoringBertForPairClassification"
+PAIR_BERT_ARCHITECTURE = "ScoringPairBertForSequenceClassification"
 COLBERT_ARCHITECTURE = "ScoringColBERTModel"
 _MODELS = {
     PAIR_BERT_ARCHITECTURE: "scoring_plugin.models.pair_bert:PairAwareBertForSequenceClassification",

@@ -37,7 +37,7 @@ class PairAwareBertForSequenceClassification(BertForSequenceClassification):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         sep = getattr(vllm_config.model_config.hf_config, "sep_token_id", None)
         if sep is None:
-            raise ValueError("ScoringBertForPairClassification needs `sep_token_id` in config.json")
+            raise ValueError("ScoringPairBertForSequenceClassification needs `sep_token_id` in config.json")
         self.sep_token_id = int(sep)
 
     def forward(

@@ -1,0 +1,79 @@
+"""The real grpcurl binary, reflection only (no proto files): what a person at a shell does."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from conftest import RunningServer, venv_tool
+
+GRPCURL = venv_tool("grpcurl")
+
+
+def grpcurl(server: RunningServer, *args: str, data: dict | None = None) -> subprocess.CompletedProcess[str]:
+    command = [GRPCURL, "-plaintext", "-max-time", "60"]
+    if data is not None:
+        command += ["-d", json.dumps(data)]
+    command += [server.target, *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=90)
+
+
+def test_reflection_lists_and_describes_services(demo_server: RunningServer) -> None:
+    listed = grpcurl(demo_server, "list")
+    assert listed.returncode == 0, listed.stderr
+    services = set(listed.stdout.split())
+    assert {
+        "scoring.v1.RerankService",
+        "scoring.v1.InfoService",
+        "scoring.v1.AbsaService",
+        "scoring.v1.ImageRankService",
+        "grpc.health.v1.Health",
+    } <= services
+    described = grpcurl(demo_server, "describe", "scoring.v1.RerankRequest")
+    assert described.returncode == 0, described.stderr
+    assert "repeated .scoring.v1.RerankDocument documents" in described.stdout
+
+
+def test_rerank_call_from_json(demo_server: RunningServer) -> None:
+    request = {
+        "query": "how do cats sleep",
+        "documents": [
+            {"id": "a", "text": "The stock market closed higher."},
+            {"id": "b", "text": "Cats sleep up to sixteen hours a day."},
+            {"id": "c", "text": "Tomato soup with basil."},
+        ],
+        "topN": 2,
+        "returnDocuments": True,
+        "requestId": "grpcurl-1",
+        "activation": "ACTIVATION_SIGMOID",
+    }
+    done = grpcurl(demo_server, "scoring.v1.RerankService/Rerank", data=request)
+    assert done.returncode == 0, done.stderr
+    response = json.loads(done.stdout)
+    # grpcurl prints proto field names
+    assert response["request_id"] == "grpcurl-1", response
+    assert response["model"] == "minilm" and response["dtype"] == "DTYPE_FLOAT32"
+    results = response["results"]
+    assert len(results) == 2 and results[0]["id"] == "b"
+    assert results[0]["score"] >= results[1]["score"]
+    assert results[0]["document"]["text"] == "Cats sleep up to sixteen hours a day."
+    assert 0 < results[0]["score"] < 1
+
+
+def test_health_check(demo_server: RunningServer) -> None:
+    done = grpcurl(demo_server, "grpc.health.v1.Health/Check", data={"service": "scoring.v1.RerankService"})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "SERVING"
+
+
+def test_bad_request_shows_code_and_field(demo_server: RunningServer) -> None:
+    done = grpcurl(demo_server, "scoring.v1.RerankService/Rerank", data={"query": "", "documents": [{"text": "x"}]})
+    assert done.returncode != 0
+    assert "InvalidArgument" in done.stderr and "query" in done.stderr
+
+
+def test_info_call(demo_server: RunningServer) -> None:
+    done = grpcurl(demo_server, "scoring.v1.InfoService/GetInfo")
+    assert done.returncode == 0, done.stderr
+    names = {m["name"] for m in json.loads(done.stdout)["models"]}
+    assert "minilm" in names and "qwen3-reranker" in names

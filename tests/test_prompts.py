@@ -1,0 +1,113 @@
+"""Prompt building without an engine: special-token layouts, limits, truncation, dedupe."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from scoring_plugin.errors import InvalidInputError
+from scoring_plugin.rerank.prompts import PromptBuilder, SpecialTokenLayout
+from scoring_plugin.rerank.settings import PromptTemplate, RerankMode, RerankSettings
+from scoring_plugin.rerank.types import (
+    RerankDocumentInput,
+    RerankInput,
+    TruncationOptions,
+    TruncationSide,
+)
+from scoring_server.demo import minilm_path
+
+
+@pytest.fixture(scope="module")
+def bert_tokenizer():  # type: ignore[no-untyped-def]
+    return AutoTokenizer.from_pretrained(minilm_path())
+
+
+def _settings(mode: RerankMode, template: PromptTemplate = PromptTemplate.TOKENIZER_PAIR) -> RerankSettings:
+    return RerankSettings(mode=mode, template=template, instruction="i", max_documents=10)
+
+
+def _docs(*texts: str) -> list[RerankDocumentInput]:
+    return [RerankDocumentInput(text=t) for t in texts]
+
+
+def test_bert_layout_is_cls_sep_sep(bert_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    layout = SpecialTokenLayout.learn(bert_tokenizer)
+    cls, sep = bert_tokenizer.cls_token_id, bert_tokenizer.sep_token_id
+    assert layout.single_prefix == (cls,) and layout.single_suffix == (sep,)
+    assert (layout.pair_prefix, layout.pair_middle, layout.pair_suffix) == ((cls,), (sep,), (sep,))
+    assert layout.pair_uses_token_types
+
+
+def test_cross_encoder_pair_matches_tokenizer_pair_encoding(bert_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    builder = PromptBuilder(bert_tokenizer, _settings(RerankMode.CROSS_ENCODER), 128)
+    plan = builder.plan(RerankInput(query="Where is Paris?", documents=_docs("Paris is in France.")))
+    expected = bert_tokenizer("Where is Paris?", "Paris is in France.")
+    prompt = plan.prompts[0]
+    assert list(prompt.token_ids) == expected["input_ids"]
+    assert prompt.second_segment_start == expected["token_type_ids"].index(1)
+
+
+def test_duplicates_share_one_prompt(bert_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    builder = PromptBuilder(bert_tokenizer, _settings(RerankMode.BI_ENCODER), 128)
+    plan = builder.plan(RerankInput(query="a b", documents=_docs("x y", "z", "x y", "a b")))
+    assert len(plan.prompts) == 3  # "x y" once, "z", and "a b" shared with the query
+    assert plan.document_prompt[0] == plan.document_prompt[2]
+    assert plan.query_prompt == plan.document_prompt[3]
+
+
+@pytest.mark.parametrize("side", [TruncationSide.RIGHT, TruncationSide.LEFT])
+def test_truncation_keeps_query_and_special_tokens(bert_tokenizer, side) -> None:  # type: ignore[no-untyped-def]
+    builder = PromptBuilder(bert_tokenizer, _settings(RerankMode.CROSS_ENCODER), 128)
+    words = " ".join(f"w{i}" for i in range(100))
+    request = RerankInput(
+        query="short query", documents=_docs(words), truncation=TruncationOptions(20, side)
+    )
+    ids = builder.plan(request).prompts[0].token_ids
+    assert len(ids) == 20
+    assert ids[0] == bert_tokenizer.cls_token_id and ids[-1] == bert_tokenizer.sep_token_id
+    doc_ids = bert_tokenizer(words, add_special_tokens=False)["input_ids"]
+    query_len = len(bert_tokenizer("short query", add_special_tokens=False)["input_ids"])
+    body = list(ids[2 + query_len : -1])
+    assert body == (doc_ids[: len(body)] if side is TruncationSide.RIGHT else doc_ids[-len(body) :])
+
+
+def test_over_long_without_truncation_names_the_document(bert_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    builder = PromptBuilder(bert_tokenizer, _settings(RerankMode.CROSS_ENCODER), 32)
+    with pytest.raises(InvalidInputError) as err:
+        builder.plan(RerankInput(query="q", documents=_docs("ok", "word " * 40)))
+    assert [v.field for v in err.value.violations] == ["documents[1].text"]
+
+
+def test_qwen3_template_matches_the_published_recipe(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from scoring_plugin.rerank.prompts import QWEN3_SUFFIX, QWEN3_SYSTEM_PREFIX
+    from scoring_server.demo import build_qwen3_tokenizer
+
+    tokenizer = build_qwen3_tokenizer(tmp_path)
+    settings = _settings(RerankMode.CROSS_ENCODER, PromptTemplate.QWEN3_RERANKER)
+    builder = PromptBuilder(tokenizer, settings, 512)
+    query, doc = "What is the capital of France?", "Paris is the capital, 2 000 000 people!"
+    plan = builder.plan(RerankInput(query=query, documents=_docs(doc)))
+
+    def enc(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    expected = (
+        enc(QWEN3_SYSTEM_PREFIX)
+        + enc(f"<Instruct>: i\n<Query>: {query}\n<Document>: {doc}")
+        + enc(QWEN3_SUFFIX)
+    )
+    assert list(plan.prompts[0].token_ids) == expected
+    assert plan.prompts[0].second_segment_start is None
+
+
+def test_settings_inferred_from_architecture() -> None:
+    def infer(**config) -> RerankSettings:  # type: ignore[no-untyped-def]
+        return RerankSettings.from_hf_config(config)
+
+    assert infer(architectures=["BertModel"]).mode is RerankMode.BI_ENCODER
+    assert infer(architectures=["BertForSequenceClassification"]).mode is RerankMode.CROSS_ENCODER
+    assert infer(architectures=["HF_ColBERT"]).mode is RerankMode.LATE_INTERACTION
+    qwen = infer(architectures=["Qwen3ForSequenceClassification"])
+    assert qwen.mode is RerankMode.CROSS_ENCODER and qwen.template is PromptTemplate.QWEN3_RERANKER
+    forced = infer(architectures=["BertModel"], scoring_rerank={"mode": "late_interaction"})
+    assert forced.mode is RerankMode.LATE_INTERACTION
