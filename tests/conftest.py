@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -51,6 +51,8 @@ class RunningServer:
     process: subprocess.Popen[bytes]
     port: int
     log: Path
+    # Health answers seen while waiting for SERVING, in order (repeats collapsed).
+    statuses_seen: list[str] = field(default_factory=list)
 
     @property
     def target(self) -> str:
@@ -79,10 +81,13 @@ def start_server(args: list[str], log: Path, *, wait_service: str = "") -> Runni
             if process.poll() is not None:
                 raise RuntimeError(f"server exited with {process.returncode}:\n{server.log_tail()}")
             try:
-                if client.health(wait_service) == "SERVING":
-                    return server
+                status = client.health(wait_service)
             except Exception:
-                pass
+                status = "NO_ANSWER"
+            if not server.statuses_seen or server.statuses_seen[-1] != status:
+                server.statuses_seen.append(status)
+            if status == "SERVING":
+                return server
             time.sleep(1.0)
     stop_server(server)
     raise TimeoutError(f"server not SERVING after {START_TIMEOUT_S} s:\n{server.log_tail()}")

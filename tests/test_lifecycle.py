@@ -80,7 +80,7 @@ def test_deadline_exceeded_aborts_engine_work(client: ScoringClient) -> None:
     assert state["qwen3-reranker"] == (0, 0), state
 
 
-def test_sigterm_drains_in_flight_calls_then_exits_zero(tmp_path: Path) -> None:
+def test_not_serving_until_ready_and_sigterm_drains_in_flight_calls(tmp_path: Path) -> None:
     from scoring_server.demo import minilm_path
 
     server: RunningServer = start_server(
@@ -90,6 +90,9 @@ def test_sigterm_drains_in_flight_calls_then_exits_zero(tmp_path: Path) -> None:
         wait_service="scoring.v1.RerankService",
     )
     try:
+        # the port opens before the engine starts: health says NOT_SERVING, then SERVING
+        assert "NOT_SERVING" in server.statuses_seen, server.statuses_seen
+        assert server.statuses_seen[-1] == "SERVING"
         with server.client(timeout=60.0) as client:
             results: dict[str, object] = {}
 

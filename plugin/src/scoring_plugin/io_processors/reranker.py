@@ -62,7 +62,10 @@ class RerankerIOProcessor(IOProcessor[RerankInput, RerankOutput]):
         self.settings = RerankSettings.from_hf_config(model_config.hf_config)
         self.max_model_len = int(model_config.max_model_len)
         self._builder = PromptBuilder(
-            renderer.get_tokenizer(), self.settings, self.max_model_len
+            renderer.get_tokenizer(),
+            self.settings,
+            self.max_model_len,
+            getattr(model_config.hf_config.get_text_config(), "vocab_size", None),
         )
         self._states: RequestStateCache[_RequestState] = RequestStateCache()
         architectures = model_config.hf_config.architectures or []

@@ -101,12 +101,19 @@ class RerankPlan:
 
 
 class PromptBuilder:
-    def __init__(self, tokenizer: Any, settings: RerankSettings, max_model_len: int) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        settings: RerankSettings,
+        max_model_len: int,
+        model_vocab_size: int | None = None,
+    ) -> None:
         self._tokenizer = tokenizer
         self._settings = settings
         self._max_model_len = max_model_len
         self._layout = SpecialTokenLayout.learn(tokenizer)
-        self._vocab_size = len(tokenizer)
+        # Ids past either the tokenizer or the embedding table are caller errors, not tokens.
+        self._vocab_size = min(len(tokenizer), model_vocab_size or len(tokenizer))
         if settings.template is PromptTemplate.QWEN3_RERANKER:
             self._qwen3_prefix = _ids(tokenizer, QWEN3_SYSTEM_PREFIX)
             self._qwen3_suffix = _ids(tokenizer, QWEN3_SUFFIX)
