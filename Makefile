@@ -6,7 +6,7 @@ PORT ?= 50051
 .PHONY: env demo test lint
 
 env:
-	deploy/install-cpu.sh $(VENV)
+	SCORING_INSTALL_EDITABLE=1 deploy/install-cpu.sh $(VENV)
 
 # The service on its embedded default: CPU, fp32, demo models built under .demo-models/.
 demo: env

@@ -21,6 +21,4 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 # Our packages, always: the client regenerates its stubs from proto/ on every install.
-"$py" -m pip install --quiet --no-deps --no-build-isolation "$repo/clients/python"
-"$py" -m pip install --quiet --no-deps --no-build-isolation -e "$repo/plugin" -e "$repo/server"
-"$py" -c "import vllm, torch, scoring.v1, scoring_client, scoring_plugin, scoring_server; print('environment ready: vllm', vllm.__version__, 'torch', torch.__version__)"
+"$repo/deploy/install-app.sh" "$py" --locked ${SCORING_INSTALL_EDITABLE:+--editable}

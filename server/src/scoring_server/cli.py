@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import sys
@@ -23,8 +24,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     source.add_argument("--model-path", help="serve one rerank model from this directory")
     parser.add_argument("--model-name", help="name of the --model-path model (default: dir name)")
+    parser.add_argument("--model-kind", default="rerank", choices=["rerank", "absa", "image_rank"])
     parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--rerank-mode", choices=["cross_encoder", "bi_encoder", "late_interaction"])
+    parser.add_argument("--max-items-per-request", type=int)
+    parser.add_argument("--max-model-len", type=int)
+    parser.add_argument("--gpu-memory-utilization", type=float)
+    parser.add_argument("--hf-overrides", type=json.loads, help="JSON object for vLLM")
+    parser.add_argument("--engine-args", type=json.loads, help="JSON object of AsyncEngineArgs")
     parser.add_argument("--demo-dir", type=Path, default=DEFAULT_DEMO_DIR)
     parser.add_argument("--host")
     parser.add_argument("--port", type=int)
@@ -50,11 +57,20 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         return ServerSettings(models=build_demo_models(args.demo_dir), **overrides)
     if args.dtype is None:
         raise SystemExit("--dtype is required: the precision is always stated, never guessed")
+    optional = {
+        "rerank_mode": args.rerank_mode,
+        "max_items_per_request": args.max_items_per_request,
+        "max_model_len": args.max_model_len,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "hf_overrides": args.hf_overrides,
+        "engine_args": args.engine_args,
+    }
     model = ModelSettings(
         name=args.model_name or Path(args.model_path).name,
+        kind=args.model_kind,
         path=args.model_path,
         dtype=args.dtype,
-        rerank_mode=args.rerank_mode,
+        **{k: v for k, v in optional.items() if v is not None},
     )
     return ServerSettings(models=[model], **overrides)
 
