@@ -17,7 +17,8 @@ DEFAULT_DEMO_DIR = Path(os.environ.get("SCORING_DEMO_DIR", ".demo-models"))
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="scoring-server", description=__doc__)
-    source = parser.add_mutually_exclusive_group(required=True)
+    # Without a source flag, everything comes from SCORING_* variables (SCORING_MODELS as JSON).
+    source = parser.add_mutually_exclusive_group()
     source.add_argument("--config", type=Path, help="YAML file with server settings and models")
     source.add_argument(
         "--demo", action="store_true", help="serve demo models built locally (CPU, fp32)"
@@ -55,6 +56,11 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         from scoring_server.demo import build_demo_models
 
         return ServerSettings(models=build_demo_models(args.demo_dir), **overrides)
+    if args.model_path is None:
+        settings = ServerSettings(**overrides)
+        if not settings.models:
+            raise SystemExit("no models: use --config, --demo, --model-path or SCORING_MODELS")
+        return settings
     if args.dtype is None:
         raise SystemExit("--dtype is required: the precision is always stated, never guessed")
     optional = {

@@ -1,0 +1,62 @@
+"""Server configuration: flags, YAML, environment; dtype always explicit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from scoring_server.cli import parse_args, settings_from_args
+from scoring_server.config import ModelSettings, ServerSettings
+
+
+def test_dtype_is_required_and_never_auto() -> None:
+    with pytest.raises(ValidationError):
+        ModelSettings(name="m", path="/m")  # type: ignore[call-arg]
+    with pytest.raises(ValidationError):
+        ModelSettings(name="m", path="/m", dtype="auto")  # type: ignore[arg-type]
+    with pytest.raises(SystemExit):
+        settings_from_args(parse_args(["--model-path", "/m"]))
+
+
+def test_flags_build_one_model() -> None:
+    settings = settings_from_args(
+        parse_args(
+            ["--model-path", "/models/r", "--dtype", "bfloat16", "--port", "9000",
+             "--max-items-per-request", "64", "--engine-args", '{"max_num_seqs": 32}']
+        )
+    )
+    (model,) = settings.models
+    assert (model.name, model.dtype, model.max_items_per_request) == ("r", "bfloat16", 64)
+    assert model.engine_args == {"max_num_seqs": 32} and settings.port == 9000
+    assert model.effective_hf_overrides()["scoring_rerank"]["max_documents"] == 64
+
+
+def test_yaml_file(tmp_path: Path) -> None:
+    config = tmp_path / "server.yaml"
+    config.write_text(
+        "port: 7000\nmodels:\n"
+        "  - {name: a, path: /a, dtype: float32}\n"
+        "  - {name: b, path: /b, dtype: float16, default: true, rerank_mode: cross_encoder}\n"
+    )
+    settings = settings_from_args(parse_args(["--config", str(config), "--port", "7001"]))
+    assert settings.port == 7001 and [m.name for m in settings.models] == ["a", "b"]
+    assert settings.models[1].effective_hf_overrides()["scoring_rerank"]["mode"] == "cross_encoder"
+
+
+def test_environment_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCORING_PORT", "7100")
+    monkeypatch.setenv(
+        "SCORING_MODELS", json.dumps([{"name": "e", "path": "/e", "dtype": "float32"}])
+    )
+    settings = settings_from_args(parse_args([]))
+    assert settings.port == 7100 and settings.models[0].name == "e"
+
+
+def test_inconsistent_settings_are_refused() -> None:
+    with pytest.raises(ValidationError):
+        ServerSettings(models=[ModelSettings(name="a", path="/a", dtype="float32")] * 2)
+    with pytest.raises(ValidationError, match="not implemented"):
+        ModelSettings(name="a", path="/a", dtype="float32", kind="absa")
