@@ -34,6 +34,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hf-overrides", type=json.loads, help="JSON object for vLLM")
     parser.add_argument("--engine-args", type=json.loads, help="JSON object of AsyncEngineArgs")
     parser.add_argument("--demo-dir", type=Path, default=DEFAULT_DEMO_DIR)
+    parser.add_argument(
+        "--demo-models", help="comma-separated subset of the demo models (default: all)"
+    )
     parser.add_argument("--host")
     parser.add_argument("--port", type=int)
     parser.add_argument("--drain-grace-s", type=float)
@@ -55,7 +58,14 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     if args.demo:
         from scoring_server.demo import build_demo_models
 
-        return ServerSettings(models=build_demo_models(args.demo_dir), **overrides)
+        models = build_demo_models(args.demo_dir)
+        if args.demo_models:
+            wanted = args.demo_models.split(",")
+            unknown = set(wanted) - {m.name for m in models}
+            if unknown:
+                raise SystemExit(f"unknown demo models: {sorted(unknown)}")
+            models = [m for m in models if m.name in wanted]
+        return ServerSettings(models=models, **overrides)
     if args.model_path is None:
         settings = ServerSettings(**overrides)
         if not settings.models:

@@ -1,0 +1,50 @@
+package dev.scoring.client;
+
+import dev.scoring.v1.RerankResponse;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.List;
+
+/** Results sorted best first, with the model and dtype that produced them. */
+public final class RerankResult {
+  /** One scored document. {@code id} and {@code text} are null when not requested or not sent. */
+  public static final class Hit {
+    public final int index;
+    public final double score;
+    public final String id;
+    public final String text;
+
+    Hit(int index, double score, String id, String text) {
+      this.index = index;
+      this.score = score;
+      this.id = id;
+      this.text = text;
+    }
+  }
+
+  public final List<Hit> hits;
+  public final String model;
+  public final String dtype;
+  public final String requestId;
+  public final long promptTokens;
+  /** The raw response, for fields this class does not surface (timings, raw scores). */
+  public final RerankResponse response;
+
+  RerankResult(RerankResponse response) {
+    List<Hit> hits = new ArrayList<>();
+    for (dev.scoring.v1.RerankResult r : response.getResultsList()) {
+      hits.add(
+          new Hit(
+              r.getIndex(),
+              r.getScore(),
+              r.hasId() ? r.getId() : null,
+              r.hasDocument() ? r.getDocument().getText() : null));
+    }
+    this.hits = Collections.unmodifiableList(hits);
+    this.model = response.getModel();
+    this.dtype = response.getDtype().name();
+    this.requestId = response.getRequestId();
+    this.promptTokens = response.getUsage().getPromptTokens();
+    this.response = response;
+  }
+}

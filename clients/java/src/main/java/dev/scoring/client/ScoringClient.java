@@ -1,0 +1,203 @@
+package dev.scoring.client;
+
+import com.google.common.util.concurrent.FutureCallback;
+import com.google.common.util.concurrent.Futures;
+import com.google.common.util.concurrent.MoreExecutors;
+import dev.scoring.v1.GetInfoRequest;
+import dev.scoring.v1.GetInfoResponse;
+import dev.scoring.v1.InfoServiceGrpc;
+import dev.scoring.v1.RerankDocument;
+import dev.scoring.v1.RerankRequest;
+import dev.scoring.v1.RerankResponse;
+import dev.scoring.v1.RerankServiceGrpc;
+import io.grpc.ManagedChannel;
+import io.grpc.ManagedChannelBuilder;
+import io.grpc.StatusRuntimeException;
+import java.time.Duration;
+import java.util.Arrays;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.TimeUnit;
+
+/**
+ * Client of the scoring service. One instance owns one channel: create it once and share it
+ * (channels multiplex calls; a channel per call throws away connection reuse).
+ *
+ * <p>Every call carries a deadline, so a slow server costs the caller a bounded wait. Calls that
+ * fail with UNAVAILABLE (server starting, draining, restarting) are retried with exponential
+ * backoff by gRPC's own retry machinery; everything else surfaces at once as {@link
+ * ScoringException}.
+ */
+public final class ScoringClient implements AutoCloseable {
+  private final ManagedChannel channel;
+  private final Duration deadline;
+  private final RerankServiceGrpc.RerankServiceBlockingStub rerankBlocking;
+  private final RerankServiceGrpc.RerankServiceFutureStub rerankFuture;
+  private final InfoServiceGrpc.InfoServiceBlockingStub info;
+
+  private ScoringClient(Builder builder) {
+    ManagedChannelBuilder<?> channelBuilder =
+        ManagedChannelBuilder.forTarget(builder.target)
+            .defaultServiceConfig(retryConfig(builder.maxAttempts, builder.initialBackoff))
+            .enableRetry()
+            .maxInboundMessageSize(builder.maxMessageBytes);
+    if (builder.plaintext) {
+      channelBuilder.usePlaintext();
+    }
+    this.channel = channelBuilder.build();
+    this.deadline = builder.deadline;
+    this.rerankBlocking = RerankServiceGrpc.newBlockingStub(channel);
+    this.rerankFuture = RerankServiceGrpc.newFutureStub(channel);
+    this.info = InfoServiceGrpc.newBlockingStub(channel);
+  }
+
+  public static Builder builder() {
+    return new Builder();
+  }
+
+  /** Scores {@code documents} against {@code query}; {@code topN <= 0} returns all of them. */
+  public RerankResult rerank(String query, List<String> documents, int topN) {
+    return rerank(request(query, documents, topN, null));
+  }
+
+  public RerankResult rerank(String query, List<String> documents, int topN, String model) {
+    return rerank(request(query, documents, topN, model));
+  }
+
+  /** The full request, for options the shortcuts do not cover. */
+  public RerankResult rerank(RerankRequest request) {
+    try {
+      return new RerankResult(
+          rerankBlocking.withDeadlineAfter(deadline.toMillis(), TimeUnit.MILLISECONDS).rerank(request));
+    } catch (StatusRuntimeException e) {
+      throw new ScoringException(e);
+    }
+  }
+
+  /** Non-blocking: the future fails with {@link ScoringException}. */
+  public CompletableFuture<RerankResult> rerankAsync(RerankRequest request) {
+    CompletableFuture<RerankResult> result = new CompletableFuture<>();
+    Futures.addCallback(
+        rerankFuture.withDeadlineAfter(deadline.toMillis(), TimeUnit.MILLISECONDS).rerank(request),
+        new FutureCallback<RerankResponse>() {
+          @Override
+          public void onSuccess(RerankResponse response) {
+            result.complete(new RerankResult(response));
+          }
+
+          @Override
+          public void onFailure(Throwable error) {
+            result.completeExceptionally(
+                error instanceof StatusRuntimeException
+                    ? new ScoringException((StatusRuntimeException) error)
+                    : error);
+          }
+        },
+        MoreExecutors.directExecutor());
+    return result;
+  }
+
+  public GetInfoResponse info() {
+    try {
+      return info.withDeadlineAfter(deadline.toMillis(), TimeUnit.MILLISECONDS)
+          .getInfo(GetInfoRequest.getDefaultInstance());
+    } catch (StatusRuntimeException e) {
+      throw new ScoringException(e);
+    }
+  }
+
+  public static RerankRequest request(String query, List<String> documents, int topN, String model) {
+    RerankRequest.Builder request = RerankRequest.newBuilder().setQuery(query);
+    for (String document : documents) {
+      request.addDocuments(RerankDocument.newBuilder().setText(document));
+    }
+    if (topN > 0) {
+      request.setTopN(topN);
+    }
+    if (model != null) {
+      request.setModel(model);
+    }
+    return request.build();
+  }
+
+  @Override
+  public void close() {
+    channel.shutdown();
+    try {
+      if (!channel.awaitTermination(5, TimeUnit.SECONDS)) {
+        channel.shutdownNow();
+      }
+    } catch (InterruptedException e) {
+      channel.shutdownNow();
+      Thread.currentThread().interrupt();
+    }
+  }
+
+  private static Map<String, Object> retryConfig(int maxAttempts, Duration initialBackoff) {
+    Map<String, Object> retryPolicy = new HashMap<>();
+    retryPolicy.put("maxAttempts", (double) maxAttempts);
+    retryPolicy.put("initialBackoff", initialBackoff.toMillis() / 1000.0 + "s");
+    retryPolicy.put("maxBackoff", "2s");
+    retryPolicy.put("backoffMultiplier", 2.0);
+    retryPolicy.put("retryableStatusCodes", Arrays.asList("UNAVAILABLE"));
+    Map<String, Object> methodConfig = new HashMap<>();
+    methodConfig.put(
+        "name",
+        Arrays.asList(
+            Map.of("service", "scoring.v1.RerankService"),
+            Map.of("service", "scoring.v1.InfoService")));
+    methodConfig.put("retryPolicy", retryPolicy);
+    return Map.of("methodConfig", Arrays.asList(methodConfig));
+  }
+
+  /** {@code ScoringClient.builder().target("host:port").deadline(Duration.ofMillis(50)).build()} */
+  public static final class Builder {
+    private String target;
+    private Duration deadline = Duration.ofSeconds(10);
+    private boolean plaintext = true;
+    private int maxAttempts = 4;
+    private Duration initialBackoff = Duration.ofMillis(100);
+    private int maxMessageBytes = 16 * 1024 * 1024;
+
+    public Builder target(String target) {
+      this.target = target;
+      return this;
+    }
+
+    public Builder deadline(Duration deadline) {
+      this.deadline = deadline;
+      return this;
+    }
+
+    /** TLS instead of plaintext (the server's TLS support comes with the security issue). */
+    public Builder useTransportSecurity() {
+      this.plaintext = false;
+      return this;
+    }
+
+    /** Attempts in total for calls failing with UNAVAILABLE (1 disables retries). */
+    public Builder maxAttempts(int maxAttempts) {
+      this.maxAttempts = maxAttempts;
+      return this;
+    }
+
+    public Builder initialBackoff(Duration initialBackoff) {
+      this.initialBackoff = initialBackoff;
+      return this;
+    }
+
+    public Builder maxMessageBytes(int maxMessageBytes) {
+      this.maxMessageBytes = maxMessageBytes;
+      return this;
+    }
+
+    public ScoringClient build() {
+      if (target == null || target.isEmpty()) {
+        throw new IllegalArgumentException("target is required, e.g. \"localhost:50051\"");
+      }
+      return new ScoringClient(this);
+    }
+  }
+}

@@ -1,0 +1,183 @@
+package dev.scoring.client;
+
+import static org.junit.Assert.assertEquals;
+import static org.junit.Assert.assertFalse;
+import static org.junit.Assert.assertNotNull;
+import static org.junit.Assert.assertTrue;
+import static org.junit.Assert.fail;
+
+import dev.scoring.v1.GetInfoResponse;
+import dev.scoring.v1.ModelInfo;
+import io.grpc.Status;
+import java.io.File;
+import java.io.IOException;
+import java.net.ServerSocket;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.Collections;
+import java.util.List;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.TimeUnit;
+import org.junit.AfterClass;
+import org.junit.BeforeClass;
+import org.junit.Test;
+
+/** Against the real server: `python -m scoring_server --demo`, started here, CPU demo models. */
+public class ScoringClientTest {
+  private static final String QUERY = "how do cats sleep";
+  private static final List<String> DOCS =
+      Arrays.asList(
+          "The stock market closed higher on Friday.",
+          "Cats sleep twelve to sixteen hours a day, mostly in short naps.",
+          "A recipe for tomato soup with basil.",
+          "Kittens and older cats sleep even more than adult cats.");
+
+  private static Process server;
+  private static ScoringClient client;
+  private static int port;
+
+  @BeforeClass
+  public static void startServer() throws Exception {
+    try (ServerSocket socket = new ServerSocket(0)) {
+      port = socket.getLocalPort();
+    }
+    String python = System.getProperty("scoring.python", "python3");
+    File log = new File("target/scoring-server.log");
+    List<String> command = new ArrayList<>(Arrays.asList(python, "-m", "scoring_server", "--demo",
+        "--demo-models", "minilm", "--host", "127.0.0.1", "--port", String.valueOf(port)));
+    String demoDir = System.getProperty("scoring.demoDir");
+    if (demoDir != null && !demoDir.isEmpty()) {
+      command.addAll(Arrays.asList("--demo-dir", demoDir));
+    }
+    server = new ProcessBuilder(command).redirectErrorStream(true).redirectOutput(log).start();
+    client = ScoringClient.builder().target("127.0.0.1:" + port).deadline(Duration.ofSeconds(30)).build();
+    long deadline = System.nanoTime() + TimeUnit.MINUTES.toNanos(10);
+    while (true) {
+      assertTrue("server exited early, see " + log, server.isAlive());
+      try {
+        GetInfoResponse info = client.info();
+        if (!info.getModelsList().isEmpty()
+            && info.getModelsList().stream().allMatch(ModelInfo::getReady)) {
+          return;
+        }
+      } catch (ScoringException notYet) {
+        // the port is not open yet: keep waiting
+      }
+      assertTrue("server not ready in time, see " + log, System.nanoTime() < deadline);
+      Thread.sleep(1000);
+    }
+  }
+
+  @AfterClass
+  public static void stopServer() throws Exception {
+    if (client != null) {
+      client.close();
+    }
+    if (server != null) {
+      server.destroy(); // SIGTERM: the server drains and exits 0
+      assertTrue(server.waitFor(60, TimeUnit.SECONDS));
+      assertEquals(0, server.exitValue());
+    }
+  }
+
+  @Test
+  public void rerankReturnsEveryDocumentSortedBestFirst() {
+    RerankResult result = client.rerank(QUERY, DOCS, 0);
+    assertEquals(DOCS.size(), result.hits.size());
+    for (int i = 1; i < result.hits.size(); i++) {
+      assertTrue(result.hits.get(i - 1).score >= result.hits.get(i).score);
+    }
+    List<Integer> top2 = Arrays.asList(result.hits.get(0).index, result.hits.get(1).index);
+    Collections.sort(top2);
+    assertEquals(Arrays.asList(1, 3), top2); // minilm has real weights: the cat documents win
+    assertEquals("minilm", result.model);
+    assertEquals("DTYPE_FLOAT32", result.dtype);
+    assertTrue(result.promptTokens > 0);
+  }
+
+  @Test
+  public void topNKeepsTheBest() {
+    RerankResult all = client.rerank(QUERY, DOCS, 0);
+    RerankResult top = client.rerank(QUERY, DOCS, 2);
+    assertEquals(2, top.hits.size());
+    assertEquals(all.hits.get(0).index, top.hits.get(0).index);
+    assertEquals(all.hits.get(1).index, top.hits.get(1).index);
+  }
+
+  @Test
+  public void asyncCallsComplete() throws Exception {
+    RerankResult result =
+        client.rerankAsync(ScoringClient.request(QUERY, DOCS, 1, null)).get(30, TimeUnit.SECONDS);
+    assertEquals(1, result.hits.size());
+  }
+
+  @Test
+  public void badInputIsInvalidArgumentNamingTheField() {
+    try {
+      client.rerank("", DOCS, 0);
+      fail("an empty query must be rejected");
+    } catch (ScoringException e) {
+      assertEquals(Status.Code.INVALID_ARGUMENT, e.code());
+      assertEquals(Collections.singletonList("query"), e.fields());
+      assertFalse(e.fieldViolations().get(0).getDescription().isEmpty());
+    }
+    List<String> tooMany = Collections.nCopies(1000, "x");
+    try {
+      client.rerank(QUERY, tooMany, 0);
+      fail("more documents than the advertised limit must be rejected");
+    } catch (ScoringException e) {
+      assertEquals(Status.Code.INVALID_ARGUMENT, e.code());
+      assertTrue(e.fields().contains("documents"));
+    }
+    try {
+      client.rerank(QUERY, DOCS, 0, "no-such-model");
+      fail("an unknown model must be rejected");
+    } catch (ScoringException e) {
+      assertEquals(Status.Code.NOT_FOUND, e.code());
+      assertEquals(Collections.singletonList("model"), e.fields());
+    }
+  }
+
+  @Test
+  public void deadlinesAreEnforced() {
+    List<String> many = Collections.nCopies(200, "cats sleep in the sun all afternoon, every day");
+    try (ScoringClient hurried =
+        ScoringClient.builder().target("127.0.0.1:" + port).deadline(Duration.ofMillis(1)).build()) {
+      hurried.rerank(QUERY, many, 0);
+      fail("a 1 ms deadline cannot be met");
+    } catch (ScoringException e) {
+      assertEquals(Status.Code.DEADLINE_EXCEEDED, e.code());
+    }
+  }
+
+  @Test
+  public void unreachableServerIsUnavailableAfterRetries() throws IOException {
+    int closed;
+    try (ServerSocket socket = new ServerSocket(0)) {
+      closed = socket.getLocalPort();
+    }
+    try (ScoringClient lost =
+        ScoringClient.builder()
+            .target("127.0.0.1:" + closed)
+            .deadline(Duration.ofSeconds(5))
+            .maxAttempts(3)
+            .initialBackoff(Duration.ofMillis(50))
+            .build()) {
+      lost.rerank(QUERY, DOCS, 0);
+      fail("nothing listens there");
+    } catch (ScoringException e) {
+      assertEquals(Status.Code.UNAVAILABLE, e.code());
+    }
+  }
+
+  @Test
+  public void infoAdvertisesLimits() throws ExecutionException {
+    GetInfoResponse info = client.info();
+    assertNotNull(info.getVllmVersion());
+    for (ModelInfo model : info.getModelsList()) {
+      assertEquals(256, model.getMaxItemsPerRequest());
+      assertTrue(model.getMaxTokensPerItem() > 0);
+    }
+  }
+}
