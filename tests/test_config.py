@@ -31,7 +31,7 @@ def test_flags_build_one_model() -> None:
     (model,) = settings.models
     assert (model.name, model.dtype, model.max_items_per_request) == ("r", "bfloat16", 64)
     assert model.engine_args == {"max_num_seqs": 32} and settings.port == 9000
-    assert model.effective_hf_overrides()["scoring_rerank"]["max_documents"] == 64
+    assert model.effective_hf_overrides()["scoring_rerank_overrides"]["max_documents"] == 64
 
 
 def test_yaml_file(tmp_path: Path) -> None:
@@ -43,7 +43,7 @@ def test_yaml_file(tmp_path: Path) -> None:
     )
     settings = settings_from_args(parse_args(["--config", str(config), "--port", "7001"]))
     assert settings.port == 7001 and [m.name for m in settings.models] == ["a", "b"]
-    assert settings.models[1].effective_hf_overrides()["scoring_rerank"]["mode"] == "cross_encoder"
+    assert settings.models[1].effective_hf_overrides()["scoring_rerank_overrides"]["mode"] == "cross_encoder"
 
 
 def test_environment_only(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -111,3 +111,10 @@ def test_settings_inferred_from_architecture() -> None:
     assert qwen.mode is RerankMode.CROSS_ENCODER and qwen.template is PromptTemplate.QWEN3_RERANKER
     forced = infer(architectures=["BertModel"], scoring_rerank={"mode": "late_interaction"})
     assert forced.mode is RerankMode.LATE_INTERACTION
+    # a deployment's overrides merge over the checkpoint's settings instead of replacing them
+    merged = infer(
+        architectures=["Qwen3ForSequenceClassification"],
+        scoring_rerank={"template": "tokenizer_pair", "max_documents": 5},
+        scoring_rerank_overrides={"max_documents": 64},
+    )
+    assert merged.template is PromptTemplate.TOKENIZER_PAIR and merged.max_documents == 64

@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from scoring_plugin.rerank.settings import CONFIG_KEY, RerankMode
+from scoring_plugin.rerank.settings import OVERRIDES_KEY, RerankMode
 
 MIB = 1024 * 1024
 
@@ -51,13 +51,14 @@ class ModelSettings(BaseModel):
         return self
 
     def effective_hf_overrides(self) -> dict[str, Any]:
-        """The plugin reads its settings from the HF config; they travel as overrides."""
+        """The plugin reads its settings from the HF config; the deployment's travel as overrides
+        under their own key, merged over the checkpoint's by the plugin."""
         overrides = dict(self.hf_overrides)
-        own = dict(overrides.get(CONFIG_KEY) or {})
+        own = dict(overrides.get(OVERRIDES_KEY) or {})
         own["max_documents"] = self.max_items_per_request
         if self.rerank_mode is not None:
             own["mode"] = self.rerank_mode.value
-        overrides[CONFIG_KEY] = own
+        overrides[OVERRIDES_KEY] = own
         return overrides
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -144,7 +145,7 @@ def _build_colbert(target: Path) -> None:
     _copy_bert_tokenizer(target)
 
 
-def build_qwen3_tokenizer(target: Path) -> PreTrainedTokenizerFast:
+def build_qwen3_tokenizer(target: Path, extra_corpus: Sequence[str] = ()) -> PreTrainedTokenizerFast:
     """A real byte-level BPE with Qwen's chat special tokens, trained on a small corpus."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -154,7 +155,7 @@ def build_qwen3_tokenizer(target: Path) -> PreTrainedTokenizerFast:
         special_tokens=QWEN3_SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tokenizer.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    tokenizer.train_from_iterator([*_CORPUS, *extra_corpus] * 4, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         eos_token="<|im_end|>",

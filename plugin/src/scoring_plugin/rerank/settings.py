@@ -1,8 +1,10 @@
 """How a served model reranks, read from its Hugging Face config.
 
-The mode and template travel in ``config.json`` (key ``scoring_rerank``) or in vLLM's
-``hf_overrides``, so stock ``vllm serve`` and our server pick the same behaviour for the same
-checkpoint. Anything absent is inferred from the architecture.
+The checkpoint's ``config.json`` may carry them (key ``scoring_rerank``); a deployment overrides
+single values through vLLM's ``hf_overrides`` under ``scoring_rerank_overrides`` (hf_overrides
+replace a whole top-level key, so the deployment's values get a key of their own and are merged
+here). Stock ``vllm serve`` and our server thus pick the same behaviour for the same checkpoint.
+Anything absent is inferred from the architecture.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 from scoring_plugin.rerank.types import Activation
 
 CONFIG_KEY = "scoring_rerank"
+OVERRIDES_KEY = "scoring_rerank_overrides"
 DEFAULT_MAX_DOCUMENTS = 1000
 QWEN3_DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
 
@@ -57,7 +60,7 @@ class RerankSettings:
     @classmethod
     def from_hf_config(cls, hf_config: Any) -> RerankSettings:
         raw = hf_config.to_dict() if hasattr(hf_config, "to_dict") else dict(hf_config)
-        own: dict[str, Any] = dict(raw.get(CONFIG_KEY) or {})
+        own: dict[str, Any] = {**(raw.get(CONFIG_KEY) or {}), **(raw.get(OVERRIDES_KEY) or {})}
         architectures = [str(a) for a in raw.get("architectures") or []]
         is_qwen3 = any(a.startswith("Qwen3") for a in architectures)
         mode = RerankMode(own["mode"]) if "mode" in own else _infer_mode(architectures, raw)

@@ -1,0 +1,408 @@
+"""Rerank benchmark: our gRPC server vs stock `vllm serve` (/rerank) vs Hugging Face, one run.
+
+Same model (Qwen3-0.6B-shaped sequence classifier, random weights: speed does not depend on
+weight values), same generated inputs (queries of 3-8 terms, documents of 20-110 terms, 20
+documents per request), same dtype, same GPU. The bench tokenizer knows every word as one
+token and a term is two words, so a pair is ~150 tokens as with a real tokenizer on real text;
+the table reports the tokens each system says it served, to show equal work. Load is closed-loop: C workers each send their
+next request when the last one returns, for a fixed time per concurrency level.
+
+    python bench/rerank.py --out bench/results            # GPU (the H200 via the device tool)
+    python bench/rerank.py --cpu-smoke --out /tmp/bench   # CPU: a tiny model, harness check only
+
+Prints one table (pairs/s, p50/p95/p99 latency, ratios to each baseline) and writes JSON and
+Markdown with the conditions to --out. CPU numbers only check that the harness runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+WORDS = (
+    "search rank query document relevance cafe coffee city travel price review food service "
+    "hotel room quiet clean staff friendly location station museum park river market street "
+    "night morning weekend family children garden view modern classic warm light wooden table"
+).split()
+
+
+@dataclass
+class Scenario:
+    name: str
+    dtype: str
+    hidden_size: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    docs_per_request: int
+    concurrency: list[int]
+    seconds_per_level: float
+    enforce_eager: bool
+    gpu_memory_utilization: float
+    hf_batch: int
+
+
+GPU = Scenario("qwen3-0.6b-shaped", "bfloat16", 1024, 28, 16, 8, 128, 3072, 20, [1, 16, 64], 20.0, False, 0.5, 128)
+CPU_SMOKE = Scenario("qwen3-tiny", "float32", 64, 2, 2, 1, 32, 128, 4, [1, 2], 2.0, True, 0.05, 8)
+
+
+@dataclass
+class Level:
+    system: str
+    concurrency: int
+    requests: int
+    pairs: int
+    seconds: float
+    pairs_per_s: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    errors: int
+    tokens_per_pair: float
+
+
+@dataclass
+class Report:
+    scenario: dict[str, Any]
+    conditions: dict[str, Any]
+    tokens_per_pair: float
+    levels: list[Level] = field(default_factory=list)
+    hf_pairs_per_s: float | None = None
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build_model(scenario: Scenario, target: Path) -> Path:
+    """A Qwen3ForSequenceClassification with random weights and a real BPE tokenizer."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForSequenceClassification
+
+    from scoring_server.demo import build_qwen3_tokenizer
+
+    if (target / "config.json").exists():
+        return target
+    target.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_qwen3_tokenizer(target, extra_corpus=[" ".join(WORDS)] * 8)
+    config = Qwen3Config(
+        vocab_size=151669,  # the real model's embedding size; rows past the tokenizer go unused
+        hidden_size=scenario.hidden_size,
+        intermediate_size=scenario.intermediate,
+        num_hidden_layers=scenario.layers,
+        num_attention_heads=scenario.heads,
+        num_key_value_heads=scenario.kv_heads,
+        head_dim=scenario.head_dim,
+        max_position_embeddings=1024,
+        num_labels=1,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+        # Plain (query, document) pair tokenization on every system, so all see the same tokens.
+        scoring_rerank={"template": "tokenizer_pair"},
+    )
+    torch.manual_seed(0)
+    model = Qwen3ForSequenceClassification(config).to(getattr(torch, scenario.dtype))
+    model.save_pretrained(target)
+    return target
+
+
+def make_requests(n: int, docs: int, seed: int = 0) -> list[tuple[str, list[str]]]:
+    rng = random.Random(seed)
+
+    def text(lo: int, hi: int) -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(2 * rng.randint(lo, hi)))
+
+    return [(text(3, 8), [text(20, 110) for _ in range(docs)]) for _ in range(n)]
+
+
+def tokens_per_pair(model: Path, requests: list[tuple[str, list[str]]]) -> float:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    counts = [len(tokenizer(q, d)["input_ids"]) for q, docs in requests[:20] for d in docs]
+    return statistics.mean(counts)
+
+
+def start(command: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    sink = log_path.open("wb")
+    return subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+async def closed_loop(send, requests, concurrency: int, seconds: float, system: str, docs: int) -> Level:  # type: ignore[no-untyped-def]
+    """`send` returns the tokens the server reports for the request, to check equal work."""
+    latencies: list[float] = []
+    tokens: list[int] = []
+    errors = 0
+    stop_at = time.perf_counter() + seconds
+    counter = iter(range(10**9))
+
+    async def worker() -> None:
+        nonlocal errors
+        while time.perf_counter() < stop_at:
+            query, documents = requests[next(counter) % len(requests)]
+            began = time.perf_counter()
+            try:
+                tokens.append(await send(query, documents))
+                latencies.append(time.perf_counter() - began)
+            except Exception as exc:  # counted and reported, never hidden
+                errors += 1
+                if errors <= 3:
+                    log(f"{system} c={concurrency}: error {type(exc).__name__}: {str(exc)[:200]}")
+
+    began = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - began
+    ordered = sorted(latencies) or [float("nan")]
+
+    def pct(p: float) -> float:
+        return ordered[min(len(ordered) - 1, int(p * len(ordered)))] * 1e3
+
+    level = Level(system, concurrency, len(latencies), len(latencies) * docs, elapsed,
+                  len(latencies) * docs / elapsed, pct(0.5), pct(0.95), pct(0.99), errors,
+                  sum(tokens) / max(1, len(tokens) * docs))
+    log(f"{system} c={concurrency}: {level.pairs_per_s:,.0f} pairs/s, p50 {level.p50_ms:.1f} ms, "
+        f"p95 {level.p95_ms:.1f} ms, errors {errors}")
+    return level
+
+
+async def drive(system: str, send, requests, scenario: Scenario) -> list[Level]:  # type: ignore[no-untyped-def]
+    log(f"{system}: warm-up")
+    await closed_loop(send, requests, max(scenario.concurrency), min(5.0, scenario.seconds_per_level), system + "-warmup", scenario.docs_per_request)
+    return [
+        await closed_loop(send, requests, c, scenario.seconds_per_level, system, scenario.docs_per_request)
+        for c in scenario.concurrency
+    ]
+
+
+async def bench_grpc(model: Path, scenario: Scenario, requests, work: Path) -> list[Level]:  # type: ignore[no-untyped-def]
+    import grpc
+    import yaml
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from scoring.v1 import rerank_pb2, rerank_pb2_grpc
+
+    port = free_port()
+    config = work / "grpc-server.yaml"
+    config.write_text(yaml.safe_dump({"port": port, "host": "127.0.0.1", "models": [{
+        "name": "reranker", "path": str(model), "dtype": scenario.dtype,
+        "rerank_mode": "cross_encoder", "max_model_len": 512,
+        "gpu_memory_utilization": scenario.gpu_memory_utilization,
+        "engine_args": {"enforce_eager": scenario.enforce_eager},
+    }]}))
+    log("grpc: starting our server")
+    server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], work / "grpc-server.log")
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            deadline = time.monotonic() + 900
+            while True:
+                if server.poll() is not None:
+                    raise RuntimeError((work / "grpc-server.log").read_text()[-3000:])
+                try:
+                    reply = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        break
+                except grpc.aio.AioRpcError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError("our server did not start")
+                await asyncio.sleep(1)
+            stub = rerank_pb2_grpc.RerankServiceStub(channel)
+
+            async def send(query: str, documents: list[str]) -> int:
+                request = rerank_pb2.RerankRequest(query=query, activation=rerank_pb2.ACTIVATION_SIGMOID)
+                for d in documents:
+                    request.documents.add(text=d)
+                response = await stub.Rerank(request, timeout=60)
+                assert len(response.results) == len(documents)
+                return response.usage.prompt_tokens
+
+            return await drive("grpc (ours)", send, requests, scenario)
+    finally:
+        stop(server)
+
+
+async def bench_vllm_serve(model: Path, scenario: Scenario, requests, work: Path) -> list[Level]:  # type: ignore[no-untyped-def]
+    import aiohttp
+
+    port = free_port()
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+               "--served-model-name", "reranker", "--runner", "pooling", "--dtype", scenario.dtype,
+               "--max-model-len", "512", "--gpu-memory-utilization", str(scenario.gpu_memory_utilization),
+               "--host", "127.0.0.1", "--port", str(port)]
+    if scenario.enforce_eager:
+        command.append("--enforce-eager")
+    if scenario is CPU_SMOKE:
+        command += ["--kv-cache-memory-bytes", str(64 * 1024 * 1024)]
+    log("vllm serve: starting")
+    server = start(command, work / "vllm-serve.log")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        connector = aiohttp.TCPConnector(limit=256)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            deadline = time.monotonic() + 900
+            while True:
+                if server.poll() is not None:
+                    raise RuntimeError((work / "vllm-serve.log").read_text()[-3000:])
+                try:
+                    async with session.get(base + "/health") as r:
+                        if r.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError("vllm serve did not start")
+                await asyncio.sleep(1)
+
+            async def send(query: str, documents: list[str]) -> int:
+                body = {"model": "reranker", "query": query, "documents": documents}
+                async with session.post(base + "/rerank", json=body) as r:
+                    payload = await r.json()
+                    if r.status != 200:
+                        raise RuntimeError(f"HTTP {r.status}: {payload}")
+                    assert len(payload["results"]) == len(documents)
+                    return int(payload.get("usage", {}).get("total_tokens", 0))
+
+            return await drive("vllm serve /rerank", send, requests, scenario)
+    finally:
+        stop(server)
+
+
+def bench_hf(model: Path, scenario: Scenario, requests) -> float:  # type: ignore[no-untyped-def]
+    """Transformers at its best: sorted by length (dynamic padding), large batches, no_grad."""
+    import torch
+    from transformers import AutoTokenizer, Qwen3ForSequenceClassification
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    net = Qwen3ForSequenceClassification.from_pretrained(model, dtype=getattr(torch, scenario.dtype)).to(device).eval()
+    pairs = sorted(((q, d) for q, docs in requests for d in docs), key=lambda p: len(p[0]) + len(p[1]))
+    def run(limit: int) -> int:
+        done = 0
+        with torch.no_grad():
+            for i in range(0, min(limit, len(pairs)), scenario.hf_batch):
+                chunk = pairs[i : i + scenario.hf_batch]
+                enc = tokenizer([q for q, _ in chunk], [d for _, d in chunk], padding=True, return_tensors="pt").to(device)
+                net(**enc).logits.float().cpu()
+                done += len(chunk)
+        return done
+    run(scenario.hf_batch * 2)  # warm-up
+    if device == "cuda":
+        torch.cuda.synchronize()
+    began = time.perf_counter()
+    done = run(len(pairs))
+    if device == "cuda":
+        torch.cuda.synchronize()
+    rate = done / (time.perf_counter() - began)
+    log(f"hf transformers: {rate:,.0f} pairs/s (batch {scenario.hf_batch}, dynamic padding)")
+    del net
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return rate
+
+
+def conditions(scenario: Scenario) -> dict[str, Any]:
+    import torch
+    import transformers
+    import vllm
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu"
+    return {"device": gpu, "vllm": vllm.__version__, "torch": torch.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv)}
+
+
+def table(report: Report) -> str:
+    baselines = {
+        "vllm serve": {l.concurrency: l.pairs_per_s for l in report.levels if l.system.startswith("vllm")},
+    }
+    lines = [
+        f"Rerank, {report.scenario['name']}, {report.scenario['dtype']}, "
+        f"{report.scenario['docs_per_request']} docs/request, {report.tokens_per_pair:.0f} tokens/pair, "
+        f"{report.conditions['device']}",
+        "",
+        "| system | concurrency | pairs/s | p50 ms | p95 ms | p99 ms | errors | tokens/pair served | vs vllm serve | vs HF best |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for l in report.levels:
+        serve = baselines["vllm serve"].get(l.concurrency)
+        hf = report.hf_pairs_per_s
+        lines.append(
+            f"| {l.system} | {l.concurrency} | {l.pairs_per_s:,.0f} | {l.p50_ms:.1f} | {l.p95_ms:.1f} | "
+            f"{l.p99_ms:.1f} | {l.errors} | {l.tokens_per_pair:.0f} | {l.pairs_per_s / serve:.2f}x | {l.pairs_per_s / hf:.2f}x |"
+            if serve and hf else
+            f"| {l.system} | {l.concurrency} | {l.pairs_per_s:,.0f} | {l.p50_ms:.1f} | {l.p95_ms:.1f} | {l.p99_ms:.1f} | {l.errors} | {l.tokens_per_pair:.0f} | - | - |"
+        )
+    if report.hf_pairs_per_s:
+        lines.append(f"| HF transformers (offline, best batch) | - | {report.hf_pairs_per_s:,.0f} | - | - | - | 0 | - | - | 1.00x |")
+    return "\n".join(lines)
+
+
+async def main_async(args: argparse.Namespace) -> Report:
+    scenario = CPU_SMOKE if args.cpu_smoke else GPU
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    model = build_model(scenario, work / f"model-{scenario.name}")
+    requests = make_requests(64, scenario.docs_per_request)
+    report = Report(asdict(scenario), conditions(scenario), tokens_per_pair(model, requests))
+    log(f"{scenario.name}: {report.tokens_per_pair:.0f} tokens/pair")
+    systems = args.systems.split(",")
+    if "hf" in systems:
+        report.hf_pairs_per_s = bench_hf(model, scenario, requests)
+    if "grpc" in systems:
+        report.levels += await bench_grpc(model, scenario, requests, work)
+    if "vllm" in systems:
+        report.levels += await bench_vllm_serve(model, scenario, requests, work)
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cpu-smoke", action="store_true")
+    parser.add_argument("--systems", default="hf,grpc,vllm")
+    parser.add_argument("--work", default="/tmp/scoring-bench")
+    parser.add_argument("--out", default="bench/results")
+    args = parser.parse_args()
+    report = asyncio.run(main_async(args))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"rerank-{report.scenario['name']}-{report.scenario['dtype']}"
+    (out / f"{stem}.json").write_text(json.dumps(asdict(report), indent=2))
+    text = table(report)
+    (out / f"{stem}.md").write_text(text + "\n\nConditions: " + json.dumps(report.conditions) + "\n")
+    print(text, flush=True)
+
+
+if __name__ == "__main__":
+    main()

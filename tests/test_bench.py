@@ -1,0 +1,31 @@
+"""The benchmark harness runs end to end on CPU (a smoke test: no timing assertions)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO, tool_env
+
+
+def test_rerank_bench_cpu_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "rerank.py"), "--cpu-smoke",
+         "--out", str(out), "--work", str(tmp_path / "work")],
+        capture_output=True, text=True, timeout=1200, env=tool_env(),
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert "| grpc (ours) | 1 |" in done.stdout and "| vllm serve /rerank | 2 |" in done.stdout
+    (report_file,) = out.glob("*.json")
+    report = json.loads(report_file.read_text())
+    systems = {level["system"] for level in report["levels"]}
+    assert systems == {"grpc (ours)", "vllm serve /rerank"}
+    assert report["hf_pairs_per_s"] > 0
+    for level in report["levels"]:
+        assert level["errors"] == 0 and level["requests"] > 0
+        # both servers did the same work: within 5% of the tokens per pair
+        assert abs(level["tokens_per_pair"] - report["tokens_per_pair"]) < 0.05 * report["tokens_per_pair"]
+    assert (out / report_file.name.replace(".json", ".md")).exists()
