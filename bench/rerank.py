@@ -57,7 +57,7 @@ class Scenario:
     hf_batch: int
 
 
-GPU = Scenario("qwen3-0.6b-shaped", "bfloat16", 1024, 28, 16, 8, 128, 3072, 20, [1, 16, 64], 20.0, False, 0.5, 128)
+GPU = Scenario("qwen3-0.6b-shaped", "bfloat16", 1024, 28, 16, 8, 128, 3072, 20, [1, 16, 64], 15.0, False, 0.5, 128)
 CPU_SMOKE = Scenario("qwen3-tiny", "float32", 64, 2, 2, 1, 32, 128, 4, [1, 2], 2.0, True, 0.05, 8)
 
 
