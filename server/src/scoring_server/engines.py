@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from vllm import AsyncEngineArgs
 from vllm.plugins.io_processors import get_io_processor
+from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from scoring_plugin.io_processors.reranker import RerankerIOProcessor
@@ -87,7 +88,11 @@ def engine_args(settings: ModelSettings) -> AsyncEngineArgs:
 
 
 def _start(model: ServedModel) -> None:
-    engine = AsyncLLM.from_engine_args(engine_args(model.settings))
+    # The server context picks the engine defaults `vllm serve` gets (on an H200: 8192 batched
+    # tokens per step, not the library's 2048, which split a 20-document request over two steps).
+    engine = AsyncLLM.from_engine_args(
+        engine_args(model.settings), usage_context=UsageContext.OPENAI_API_SERVER
+    )
     try:
         # Loaded through the entry point, exactly as `vllm serve` would load it.
         processor = get_io_processor(engine.vllm_config, engine.renderer, RERANKER_PLUGIN)
