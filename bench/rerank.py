@@ -64,6 +64,7 @@ CPU_SMOKE = Scenario("qwen3-tiny", "float32", 64, 2, 2, 1, 32, 128, 4, [1, 2], 2
 @dataclass
 class Level:
     system: str
+    docs_per_request: int
     concurrency: int
     requests: int
     pairs: int
@@ -188,24 +189,30 @@ async def closed_loop(send, requests, concurrency: int, seconds: float, system: 
     def pct(p: float) -> float:
         return ordered[min(len(ordered) - 1, int(p * len(ordered)))] * 1e3
 
-    level = Level(system, concurrency, len(latencies), len(latencies) * docs, elapsed,
+    level = Level(system, docs, concurrency, len(latencies), len(latencies) * docs, elapsed,
                   len(latencies) * docs / elapsed, pct(0.5), pct(0.95), pct(0.99), errors,
                   sum(tokens) / max(1, len(tokens) * docs))
-    log(f"{system} c={concurrency}: {level.pairs_per_s:,.0f} pairs/s, p50 {level.p50_ms:.1f} ms, "
+    log(f"{system} docs={docs} c={concurrency}: {level.pairs_per_s:,.0f} pairs/s, p50 {level.p50_ms:.1f} ms, "
         f"p95 {level.p95_ms:.1f} ms, errors {errors}")
     return level
 
 
-async def drive(system: str, send, requests, scenario: Scenario) -> list[Level]:  # type: ignore[no-untyped-def]
+async def drive(system: str, send, requests, scenario: Scenario, docs_sweep: list[int]) -> list[Level]:  # type: ignore[no-untyped-def]
+    """The scenario's concurrency levels at its document count, then c=1 at each sweep count
+    (fixed per-request cost against per-pair cost)."""
     log(f"{system}: warm-up")
     await closed_loop(send, requests, max(scenario.concurrency), min(5.0, scenario.seconds_per_level), system + "-warmup", scenario.docs_per_request)
-    return [
+    levels = [
         await closed_loop(send, requests, c, scenario.seconds_per_level, system, scenario.docs_per_request)
         for c in scenario.concurrency
     ]
+    for docs in docs_sweep:
+        fewer = [(q, d[:docs]) for q, d in requests]
+        levels.append(await closed_loop(send, fewer, 1, scenario.seconds_per_level / 2, system, docs))
+    return levels
 
 
-async def bench_grpc(model: Path, scenario: Scenario, requests, work: Path) -> list[Level]:  # type: ignore[no-untyped-def]
+async def bench_grpc(model: Path, scenario: Scenario, requests, work: Path, docs_sweep: list[int]) -> list[Level]:  # type: ignore[no-untyped-def]
     import grpc
     import yaml
     from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -248,12 +255,12 @@ async def bench_grpc(model: Path, scenario: Scenario, requests, work: Path) -> l
                 assert len(response.results) == len(documents)
                 return response.usage.prompt_tokens
 
-            return await drive("grpc (ours)", send, requests, scenario)
+            return await drive("grpc (ours)", send, requests, scenario, docs_sweep)
     finally:
         stop(server)
 
 
-async def bench_vllm_serve(model: Path, scenario: Scenario, requests, work: Path) -> list[Level]:  # type: ignore[no-untyped-def]
+async def bench_vllm_serve(model: Path, scenario: Scenario, requests, work: Path, docs_sweep: list[int]) -> list[Level]:  # type: ignore[no-untyped-def]
     import aiohttp
 
     port = free_port()
@@ -294,7 +301,7 @@ async def bench_vllm_serve(model: Path, scenario: Scenario, requests, work: Path
                     assert len(payload["results"]) == len(documents)
                     return int(payload.get("usage", {}).get("total_tokens", 0))
 
-            return await drive("vllm serve /rerank", send, requests, scenario)
+            return await drive("vllm serve /rerank", send, requests, scenario, docs_sweep)
     finally:
         stop(server)
 
@@ -345,27 +352,31 @@ def conditions(scenario: Scenario) -> dict[str, Any]:
 
 def table(report: Report) -> str:
     baselines = {
-        "vllm serve": {l.concurrency: l.pairs_per_s for l in report.levels if l.system.startswith("vllm")},
+        "vllm serve": {
+            (l.docs_per_request, l.concurrency): l.pairs_per_s
+            for l in report.levels
+            if l.system.startswith("vllm")
+        },
     }
     lines = [
         f"Rerank, {report.scenario['name']}, {report.scenario['dtype']}, "
-        f"{report.scenario['docs_per_request']} docs/request, {report.tokens_per_pair:.0f} tokens/pair, "
+        f"{report.tokens_per_pair:.0f} tokens/pair, closed loop, "
         f"{report.conditions['device']}",
         "",
-        "| system | concurrency | pairs/s | p50 ms | p95 ms | p99 ms | errors | tokens/pair served | vs vllm serve | vs HF best |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| system | docs/request | concurrency | pairs/s | p50 ms | p95 ms | p99 ms | errors | tokens/pair served | vs vllm serve | vs HF best |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for l in report.levels:
-        serve = baselines["vllm serve"].get(l.concurrency)
+        serve = baselines["vllm serve"].get((l.docs_per_request, l.concurrency))
         hf = report.hf_pairs_per_s
         lines.append(
-            f"| {l.system} | {l.concurrency} | {l.pairs_per_s:,.0f} | {l.p50_ms:.1f} | {l.p95_ms:.1f} | "
+            f"| {l.system} | {l.docs_per_request} | {l.concurrency} | {l.pairs_per_s:,.0f} | {l.p50_ms:.1f} | {l.p95_ms:.1f} | "
             f"{l.p99_ms:.1f} | {l.errors} | {l.tokens_per_pair:.0f} | {l.pairs_per_s / serve:.2f}x | {l.pairs_per_s / hf:.2f}x |"
             if serve and hf else
-            f"| {l.system} | {l.concurrency} | {l.pairs_per_s:,.0f} | {l.p50_ms:.1f} | {l.p95_ms:.1f} | {l.p99_ms:.1f} | {l.errors} | {l.tokens_per_pair:.0f} | - | - |"
+            f"| {l.system} | {l.docs_per_request} | {l.concurrency} | {l.pairs_per_s:,.0f} | {l.p50_ms:.1f} | {l.p95_ms:.1f} | {l.p99_ms:.1f} | {l.errors} | {l.tokens_per_pair:.0f} | - | - |"
         )
     if report.hf_pairs_per_s:
-        lines.append(f"| HF transformers (offline, best batch) | - | {report.hf_pairs_per_s:,.0f} | - | - | - | 0 | - | - | 1.00x |")
+        lines.append(f"| HF transformers (offline, best batch) | - | - | {report.hf_pairs_per_s:,.0f} | - | - | - | 0 | - | - | 1.00x |")
     return "\n".join(lines)
 
 
@@ -378,12 +389,13 @@ async def main_async(args: argparse.Namespace) -> Report:
     report = Report(asdict(scenario), conditions(scenario), tokens_per_pair(model, requests))
     log(f"{scenario.name}: {report.tokens_per_pair:.0f} tokens/pair")
     systems = args.systems.split(",")
+    docs_sweep = [int(d) for d in args.docs_sweep.split(",") if d]
     if "hf" in systems:
         report.hf_pairs_per_s = bench_hf(model, scenario, requests)
     if "grpc" in systems:
-        report.levels += await bench_grpc(model, scenario, requests, work)
+        report.levels += await bench_grpc(model, scenario, requests, work, docs_sweep)
     if "vllm" in systems:
-        report.levels += await bench_vllm_serve(model, scenario, requests, work)
+        report.levels += await bench_vllm_serve(model, scenario, requests, work, docs_sweep)
     return report
 
 
@@ -392,6 +404,7 @@ def main() -> None:
     parser.add_argument("--cpu-smoke", action="store_true")
     parser.add_argument("--systems", default="hf,grpc,vllm")
     parser.add_argument("--work", default="/tmp/scoring-bench")
+    parser.add_argument("--docs-sweep", default="", help="e.g. 1,5,40: c=1 at these document counts")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
     report = asyncio.run(main_async(args))

@@ -14,11 +14,11 @@ def test_rerank_bench_cpu_smoke(tmp_path: Path) -> None:
     out = tmp_path / "results"
     done = subprocess.run(
         [sys.executable, str(REPO / "bench" / "rerank.py"), "--cpu-smoke",
-         "--out", str(out), "--work", str(tmp_path / "work")],
+         "--out", str(out), "--work", str(tmp_path / "work"), "--docs-sweep", "1"],
         capture_output=True, text=True, timeout=1200, env=tool_env(),
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    assert "| grpc (ours) | 1 |" in done.stdout and "| vllm serve /rerank | 2 |" in done.stdout
+    assert "| grpc (ours) | 4 | 1 |" in done.stdout and "| vllm serve /rerank | 4 | 2 |" in done.stdout
     (report_file,) = out.glob("*.json")
     report = json.loads(report_file.read_text())
     systems = {level["system"] for level in report["levels"]}
