@@ -51,6 +51,7 @@ class RunningServer:
     process: subprocess.Popen[bytes]
     port: int
     log: Path
+    metrics_port: int | None = None
     # Health answers seen while waiting for SERVING, in order (repeats collapsed).
     statuses_seen: list[str] = field(default_factory=list)
 
@@ -65,7 +66,9 @@ class RunningServer:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
 
-def start_server(args: list[str], log: Path, *, wait_service: str = "") -> RunningServer:
+def start_server(
+    args: list[str], log: Path, *, wait_service: str = "", metrics_port: int | None = None
+) -> RunningServer:
     port = free_port()
     with log.open("wb") as sink:
         process = subprocess.Popen(
@@ -74,7 +77,7 @@ def start_server(args: list[str], log: Path, *, wait_service: str = "") -> Runni
             stderr=subprocess.STDOUT,
             cwd=REPO,
         )
-    server = RunningServer(process, port, log)
+    server = RunningServer(process, port, log, metrics_port)
     deadline = time.monotonic() + START_TIMEOUT_S
     with server.client(timeout=2.0) as client:
         while time.monotonic() < deadline:
@@ -109,9 +112,19 @@ def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
     log = tmp_path_factory.mktemp("server") / "demo-server.log"
     reuse = os.environ.get("SCORING_TEST_REUSE_PORT")
     if reuse:  # for development: a demo server already running on this port
-        yield RunningServer(subprocess.Popen(["true"]), int(reuse), log)
+        metrics = os.environ.get("SCORING_TEST_REUSE_METRICS_PORT")
+        yield RunningServer(
+            subprocess.Popen(["true"]), int(reuse), Path(os.environ.get("SCORING_TEST_REUSE_LOG", log)),
+            int(metrics) if metrics else None,
+        )
         return
-    server = start_server(["--demo", "--demo-dir", str(DEMO_DIR)], log)
+    metrics_port = free_port()
+    server = start_server(
+        ["--demo", "--demo-dir", str(DEMO_DIR), "--metrics-port", str(metrics_port),
+         "--log-format", "json"],
+        log,
+        metrics_port=metrics_port,
+    )
     yield server
     code = stop_server(server)
     assert code == 0, f"demo server exited with {code} on SIGTERM:\n{server.log_tail()}"

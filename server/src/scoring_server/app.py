@@ -26,10 +26,13 @@ from scoring.v1 import (
 )
 from scoring_server.config import ModelKind, ServerSettings
 from scoring_server.engines import ModelRegistry, ServedModel
+from scoring_server import __version__
 from scoring_server.errors import ErrorMappingInterceptor
+from scoring_server.metrics import serve_metrics
 from scoring_server.services.info import InfoServicer
 from scoring_server.services.pending import AbsaServicer, ImageRankServicer
 from scoring_server.services.rerank import RerankScorer, RerankServicer
+from scoring_server.telemetry import TelemetryInterceptor
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +55,8 @@ class ScoringServer:
         self.registry = ModelRegistry.from_settings(settings.models)
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(
-            interceptors=[ErrorMappingInterceptor()],
+            # Telemetry outermost: it sees the status the error mapping produced.
+            interceptors=[TelemetryInterceptor(), ErrorMappingInterceptor()],
             options=[
                 ("grpc.max_receive_message_length", settings.max_receive_message_bytes),
                 ("grpc.max_send_message_length", settings.max_send_message_bytes),
@@ -93,6 +97,11 @@ class ScoringServer:
         await self.health.set(INFO_SERVICE, SERVING)
         await self.server.start()
         logger.info("listening on %s:%d", self.settings.host, self.port)
+        if self.settings.metrics_port is not None:
+            bound = serve_metrics(
+                self.registry, self.settings.host, self.settings.metrics_port, __version__
+            )
+            logger.info("metrics on http://%s:%d/metrics", self.settings.host, bound)
         await self.registry.start_all(self._on_model_ready)
         await self.health.set("", SERVING)
 

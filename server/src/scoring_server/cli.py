@@ -41,6 +41,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int)
     parser.add_argument("--drain-grace-s", type=float)
     parser.add_argument("--no-reflection", action="store_true")
+    parser.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    parser.add_argument("--log-format", choices=["text", "json"])
     parser.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)
 
@@ -51,6 +53,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         "port": args.port,
         "drain_grace_s": args.drain_grace_s,
         "reflection": False if args.no_reflection else None,
+        "metrics_port": args.metrics_port,
+        "log_format": args.log_format,
     }
     overrides = {k: v for k, v in overrides.items() if v is not None}
     if args.config is not None:
@@ -91,12 +95,21 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     return ServerSettings(models=[model], **overrides)
 
 
+def configure_logging(level: str, log_format: str) -> None:
+    handler = logging.StreamHandler()
+    if log_format == "json":
+        from pythonjsonlogger.json import JsonFormatter
+
+        handler.setFormatter(JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     settings = settings_from_args(args)
+    configure_logging(args.log_level, settings.log_format)
     from scoring_server.app import serve
 
     try:

@@ -72,6 +72,10 @@ class ServerSettings(BaseSettings):
     # SIGTERM: health goes NOT_SERVING, then in-flight calls get this long to finish.
     drain_grace_s: float = Field(default=20.0, ge=0)
     reflection: bool = True
+    # Prometheus /metrics over HTTP on this port; None: no metrics endpoint.
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    # One access-log line per scoring call: plain text or JSON (for log pipelines).
+    log_format: Literal["text", "json"] = "text"
     # Concurrent requests per bulk stream; bounds what one stream can hold in memory.
     stream_max_in_flight: int = Field(default=8, ge=1)
     models: list[ModelSettings] = Field(default_factory=list)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -26,8 +25,9 @@ from scoring_plugin.rerank.types import (
 from scoring_server.config import ModelKind
 from scoring_server.engines import ModelRegistry, ServedModel
 from scoring_server.errors import ServiceError, status_for
+from scoring_server.metrics import ITEMS, STAGE_SECONDS, TOKENS
+from scoring_server.telemetry import annotate
 
-logger = logging.getLogger(__name__)
 
 _ACTIVATIONS = {
     rerank_pb2.ACTIVATION_UNSPECIFIED: Activation.DEFAULT,
@@ -106,34 +106,61 @@ class RerankScorer:
             )
         return model
 
-    async def score(self, request: rerank_pb2.RerankRequest) -> rerank_pb2.RerankResponse:
+    async def score(
+        self, request: rerank_pb2.RerankRequest, time_remaining: float | None = None
+    ) -> rerank_pb2.RerankResponse:
+        """`time_remaining` (the call's deadline) bounds the engine work itself: grpc's own
+        cancellation can arrive late while the loop is busy, so the engine requests are
+        aborted here at the deadline instead of running to completion for nobody."""
         arrived = time.perf_counter()
+        request_id = uuid.uuid4().hex
+        annotate(request_id=request_id, caller_request_id=request.request_id)
         model = self.resolve(request.model if request.HasField("model") else None)
         assert model.engine is not None and model.processor is not None
-        processor = model.processor
+        name, processor = model.settings.name, model.processor
+        annotate(model=name, items=len(request.documents))
         rerank_input = processor.parse_data(to_rerank_input(request))
-        request_id = uuid.uuid4().hex
+        parsed = time.perf_counter()
         try:
             engine_requests = processor.plan(rerank_input, request_id)
             submitted = time.perf_counter()
-            outputs = await _run_all(model.engine, engine_requests, request_id)
+            budget = None if time_remaining is None else time_remaining - (submitted - arrived)
+            if budget is not None and budget <= 0:
+                raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline passed before scoring")
+            try:
+                async with asyncio.timeout(budget):
+                    outputs = await _run_all(model.engine, engine_requests, request_id)
+            except TimeoutError:
+                raise ServiceError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED, "deadline passed during scoring"
+                ) from None
             finished = time.perf_counter()
             result = processor.post_process(outputs, request_id)
+            response = _to_response(result, request, model)
         finally:
             processor.discard(request_id)
         done = time.perf_counter()
-        logger.debug("rerank %s (caller %s) done", request_id, request.request_id)
-        return _to_response(
-            result,
-            request,
-            model,
+        stages = {
+            "parse": parsed - arrived,
+            "preprocess": submitted - parsed,
+            "engine": finished - submitted,
+            "postprocess": done - finished,
+        }
+        for stage, seconds in stages.items():
+            STAGE_SECONDS.labels(name, stage).observe(seconds)
+        ITEMS.labels(name).observe(len(request.documents))
+        TOKENS.labels(name).observe(result.prompt_tokens)
+        annotate(prompt_tokens=result.prompt_tokens,
+                 **{f"{stage}_ms": round(seconds * 1e3, 3) for stage, seconds in stages.items()})
+        response.timings.CopyFrom(
             common_pb2.Timings(
                 queue_ms=(submitted - arrived) * 1e3,
                 inference_ms=(finished - submitted) * 1e3,
                 postprocess_ms=(done - finished) * 1e3,
                 total_ms=(done - arrived) * 1e3,
-            ),
+            )
         )
+        return response
 
 
 async def _run_all(
@@ -159,16 +186,12 @@ async def _encode(engine: AsyncLLM, request: EngineRequest, engine_id: str) -> P
 
 
 def _to_response(
-    result: RerankOutput,
-    request: rerank_pb2.RerankRequest,
-    model: ServedModel,
-    timings: common_pb2.Timings,
+    result: RerankOutput, request: rerank_pb2.RerankRequest, model: ServedModel
 ) -> rerank_pb2.RerankResponse:
     response = rerank_pb2.RerankResponse(
         usage=common_pb2.Usage(
             prompt_tokens=result.prompt_tokens, engine_requests=result.engine_requests
         ),
-        timings=timings,
         model=model.settings.name,
         dtype=DTYPES[model.settings.dtype],
         request_id=request.request_id,
@@ -184,6 +207,16 @@ def _to_response(
     return response
 
 
+def timing_metadata(timings: common_pb2.Timings) -> tuple[tuple[str, str], ...]:
+    """The response's timings as trailing metadata, for proxies and clients that log headers."""
+    return (
+        ("x-queue-time-ms", f"{timings.queue_ms:.3f}"),
+        ("x-inference-time-ms", f"{timings.inference_ms:.3f}"),
+        ("x-postprocess-time-ms", f"{timings.postprocess_ms:.3f}"),
+        ("x-total-time-ms", f"{timings.total_ms:.3f}"),
+    )
+
+
 class RerankServicer(rerank_pb2_grpc.RerankServiceServicer):
     def __init__(self, scorer: RerankScorer, stream_max_in_flight: int) -> None:
         self._scorer = scorer
@@ -192,7 +225,9 @@ class RerankServicer(rerank_pb2_grpc.RerankServiceServicer):
     async def Rerank(
         self, request: rerank_pb2.RerankRequest, context: grpc.aio.ServicerContext
     ) -> rerank_pb2.RerankResponse:
-        return await self._scorer.score(request)
+        response = await self._scorer.score(request, context.time_remaining())
+        context.set_trailing_metadata(timing_metadata(response.timings))
+        return response
 
     async def RerankStream(
         self,

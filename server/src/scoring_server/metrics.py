@@ -1,0 +1,76 @@
+"""Prometheus metrics of the server, beside vLLM's own (both in the process-wide registry).
+
+Names follow Prometheus conventions (`_total`, `_seconds`); labels stay low-cardinality: service,
+method, status code, model and stage, never request ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, Info, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from scoring_server.engines import ModelRegistry
+
+# Latency buckets from 1 ms to 10 s: a search request's whole budget is tens of milliseconds.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+STAGES = ("parse", "preprocess", "engine", "postprocess")
+
+REQUESTS = Counter(
+    "scoring_requests_total", "Finished RPCs by service, method and status code.",
+    ["service", "method", "code"],
+)
+REQUEST_SECONDS = Histogram(
+    "scoring_request_duration_seconds", "Whole-call latency, as the server saw it.",
+    ["service", "method"], buckets=LATENCY_BUCKETS,
+)
+IN_FLIGHT = Gauge("scoring_requests_in_flight", "RPCs being handled now.", ["service", "method"])
+STAGE_SECONDS = Histogram(
+    "scoring_stage_duration_seconds",
+    "Time per stage of a scoring call: parse (protobuf to input, validation), preprocess "
+    "(tokenization, prompt building), engine (first submission to last pooled output), "
+    "postprocess (scores, sorting, response).",
+    ["model", "stage"], buckets=LATENCY_BUCKETS,
+)
+ITEMS = Histogram(
+    "scoring_items_per_request", "Documents (pairs, images) per scoring call.", ["model"],
+    buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000),
+)
+TOKENS = Histogram(
+    "scoring_prompt_tokens_per_request", "Engine prompt tokens per scoring call.", ["model"],
+    buckets=(16, 64, 256, 1024, 4096, 16384, 65536, 262144),
+)
+BUILD = Info("scoring_server", "Server version.")
+
+
+class ModelStateCollector(Collector):
+    """Read at scrape time from the registry, so the numbers can never drift from the truth."""
+
+    def __init__(self, registry: ModelRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        labels = ["model", "kind", "dtype", "architecture", "mode"]
+        info = GaugeMetricFamily("scoring_model_info", "Served models (value 1).", labels=labels)
+        ready = GaugeMetricFamily("scoring_engine_ready", "1 when the model's engine serves.", labels=["model"])
+        states = GaugeMetricFamily(
+            "scoring_request_state_entries",
+            "Request-scoped IO-processor state held now; grows only if something leaks.",
+            labels=["model"],
+        )
+        for name, model in self._registry.models.items():
+            mode = model.processor.settings.mode.value if model.processor else ""
+            info.add_metric([name, model.settings.kind.value, model.settings.dtype, model.architecture, mode], 1)
+            ready.add_metric([name], 1.0 if model.ready else 0.0)
+            states.add_metric([name], model.processor.pending_states if model.processor else 0)
+        yield from (info, ready, states)
+
+
+def serve_metrics(registry: ModelRegistry, host: str, port: int, version: str) -> int:
+    """Starts the /metrics HTTP endpoint (a daemon thread); returns the bound port."""
+    BUILD.info({"version": version})
+    REGISTRY.register(ModelStateCollector(registry))
+    server, _thread = start_http_server(port, addr=host)
+    return server.server_port

@@ -1,0 +1,110 @@
+"""Metrics, trailing timing metadata and the per-call log line, after real calls."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.request
+
+import grpc
+import pytest
+
+from conftest import RunningServer
+from scoring.v1 import rerank_pb2, rerank_pb2_grpc
+
+DOCS = ["Cats sleep all day.", "Stocks fell sharply.", "Kittens nap often."]
+RERANK = {"service": "scoring.v1.RerankService", "method": "Rerank"}
+_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def _scrape(server: RunningServer) -> str:
+    assert server.metrics_port is not None, "the demo server runs with --metrics-port"
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def _samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    found = []
+    for line in text.splitlines():
+        match = _LINE.match(line)
+        if match and match.group(1) == name:
+            found.append((dict(_LABEL.findall(match.group(2) or "")), float(match.group(3))))
+    return found
+
+
+def _value(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` whose labels include `labels` (exposition order varies)."""
+    return sum(v for have, v in _samples(text, name) if labels.items() <= have.items())
+
+
+def _request(query: str = "cats", request_id: str = "") -> rerank_pb2.RerankRequest:
+    return rerank_pb2.RerankRequest(
+        query=query, model="bert-cross-encoder", request_id=request_id,
+        documents=[rerank_pb2.RerankDocument(text=d) for d in DOCS],
+    )
+
+
+def test_counters_and_histograms_move_with_real_calls(demo_server: RunningServer, channel: grpc.Channel) -> None:
+    stub = rerank_pb2_grpc.RerankServiceStub(channel)
+    before = _scrape(demo_server)
+    for _ in range(3):
+        stub.Rerank(_request(), timeout=60)
+    with pytest.raises(grpc.RpcError):
+        stub.Rerank(_request(query=""), timeout=60)
+    after = _scrape(demo_server)
+
+    def delta(name: str, **labels: str) -> float:
+        return _value(after, name, **labels) - _value(before, name, **labels)
+
+    assert delta("scoring_requests_total", **RERANK, code="OK") == 3
+    assert delta("scoring_requests_total", **RERANK, code="INVALID_ARGUMENT") == 1
+    assert delta("scoring_request_duration_seconds_count", **RERANK) == 4
+    for stage in ("parse", "preprocess", "engine", "postprocess"):
+        assert delta("scoring_stage_duration_seconds_count", model="bert-cross-encoder", stage=stage) == 3
+    assert delta("scoring_items_per_request_sum", model="bert-cross-encoder") == 3 * len(DOCS)
+    assert delta("scoring_prompt_tokens_per_request_sum", model="bert-cross-encoder") > 0
+
+
+def test_model_state_is_exported(demo_server: RunningServer) -> None:
+    text = _scrape(demo_server)
+    for model in ("minilm", "bert-cross-encoder", "qwen3-seq-cls", "qwen3-reranker", "colbert"):
+        (info,) = [labels for labels, _ in _samples(text, "scoring_model_info") if labels["model"] == model]
+        assert info["kind"] == "rerank" and info["dtype"] == "float32" and info["mode"]
+        assert _value(text, "scoring_engine_ready", model=model) == 1
+        assert _value(text, "scoring_request_state_entries", model=model) == 0
+    assert _value(text, "scoring_requests_in_flight", **RERANK) == 0
+    assert "vllm:" in text  # vLLM's own engine metrics, beside ours
+
+
+def test_trailing_metadata_matches_response_timings(channel: grpc.Channel) -> None:
+    stub = rerank_pb2_grpc.RerankServiceStub(channel)
+    response, call = stub.Rerank.with_call(_request(), timeout=60)
+    trailing = dict(call.trailing_metadata())
+    timings = response.timings
+    assert float(trailing["x-queue-time-ms"]) == pytest.approx(timings.queue_ms, abs=1e-3)
+    assert float(trailing["x-inference-time-ms"]) == pytest.approx(timings.inference_ms, abs=1e-3)
+    assert float(trailing["x-total-time-ms"]) == pytest.approx(timings.total_ms, abs=1e-3)
+    assert timings.total_ms >= timings.queue_ms + timings.inference_ms
+
+
+def test_one_json_log_line_per_call_with_status(demo_server: RunningServer, channel: grpc.Channel) -> None:
+    stub = rerank_pb2_grpc.RerankServiceStub(channel)
+    stub.Rerank(_request(request_id="log-ok-1"), timeout=60)
+    with pytest.raises(grpc.RpcError):
+        stub.Rerank(_request(query="", request_id="log-bad-1"), timeout=60)
+    deadline = time.monotonic() + 10
+    while True:
+        lines = [json.loads(l) for l in demo_server.log.read_text(errors="replace").splitlines()
+                 if l.startswith("{") and '"rpc"' in l]
+        ok = [l for l in lines if l.get("caller_request_id") == "log-ok-1"]
+        bad = [l for l in lines if l.get("caller_request_id") == "log-bad-1"]
+        if (ok and bad) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert len(ok) == 1 and len(bad) == 1
+    assert ok[0]["code"] == "OK" and ok[0]["model"] == "bert-cross-encoder"
+    assert ok[0]["items"] == len(DOCS) and ok[0]["prompt_tokens"] > 0
+    assert {"parse_ms", "preprocess_ms", "engine_ms", "postprocess_ms", "duration_ms"} <= set(ok[0])
+    assert bad[0]["code"] == "INVALID_ARGUMENT"
