@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -20,6 +20,7 @@ from vllm.v1.engine.exceptions import EngineDeadError
 
 from scoring_plugin.errors import InvalidInputError
 from scoring_plugin.io_processors.reranker import NonFiniteScoreError
+from scoring_server.interception import BehaviorInterceptor, Streaming, Unary
 
 logger = logging.getLogger(__name__)
 
@@ -74,42 +75,26 @@ async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
     await context.abort(status.code, status.details, status.trailing_metadata)
 
 
-class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        if handler.unary_unary is not None:
-            return handler._replace(unary_unary=_wrap_unary(handler.unary_unary))
-        if handler.stream_stream is not None:
-            return handler._replace(stream_stream=_wrap_stream(handler.stream_stream))
-        return handler
+class ErrorMappingInterceptor(BehaviorInterceptor):
+    def wrap_unary(self, behavior: Unary, method: str) -> Unary:
+        async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                return await behavior(request, context)
+            except (asyncio.CancelledError, grpc.aio.AbortError):
+                raise
+            except Exception as exc:
+                await _abort(context, exc)
 
+        return wrapped
 
-def _wrap_unary(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            return await behavior(request, context)
-        except (asyncio.CancelledError, grpc.aio.AbortError):
-            raise
-        except Exception as exc:
-            await _abort(context, exc)
+    def wrap_stream(self, behavior: Streaming, method: str) -> Streaming:
+        async def wrapped(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            try:
+                async for response in behavior(requests, context):
+                    yield response
+            except (asyncio.CancelledError, grpc.aio.AbortError):
+                raise
+            except Exception as exc:
+                await _abort(context, exc)
 
-    return wrapped
-
-
-def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
-    async def wrapped(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        try:
-            async for response in behavior(requests, context):
-                yield response
-        except (asyncio.CancelledError, grpc.aio.AbortError):
-            raise
-        except Exception as exc:
-            await _abort(context, exc)
-
-    return wrapped
+        return wrapped

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -251,12 +252,16 @@ class RerankServicer(rerank_pb2_grpc.RerankServiceServicer):
             await done.put(reply)
 
         async def read_all() -> None:
+            received = 0
             try:
                 async with asyncio.TaskGroup() as group:
                     async for message in request_iterator:
                         await slots.acquire()
-                        group.create_task(run_one(message))
+                        received += 1
+                        # A fresh context: per-message details stay out of the stream's log line.
+                        group.create_task(run_one(message), context=contextvars.Context())
             finally:
+                annotate(messages=received)
                 done.put_nowait(None)
 
         reader = asyncio.create_task(read_all())
