@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import platform
 import random
 import signal
@@ -333,9 +332,6 @@ def bench_hf(model: Path, scenario: Scenario, requests) -> float:  # type: ignor
         torch.cuda.synchronize()
     rate = done / (time.perf_counter() - began)
     log(f"hf transformers: {rate:,.0f} pairs/s (batch {scenario.hf_batch}, dynamic padding)")
-    del net
-    if device == "cuda":
-        torch.cuda.empty_cache()
     return rate
 
 
