@@ -159,6 +159,22 @@ def stop(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
+async def wait_ready(ready, server: subprocess.Popen[bytes], log_path: Path, name: str) -> None:  # type: ignore[no-untyped-def]
+    """Polls `ready()` (an async check that may raise) until it says yes or the server dies."""
+    deadline = time.monotonic() + 900
+    while True:
+        if server.poll() is not None:
+            raise RuntimeError(log_path.read_text()[-3000:])
+        try:
+            if await ready():
+                return
+        except Exception:  # not listening yet
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{name} did not start")
+        await asyncio.sleep(1)
+
+
 async def closed_loop(send, requests, concurrency: int, seconds: float, system: str, docs: int) -> Level:  # type: ignore[no-untyped-def]
     """`send` returns the tokens the server reports for the request, to check equal work."""
     latencies: list[float] = []
@@ -231,19 +247,12 @@ async def bench_grpc(model: Path, scenario: Scenario, requests, work: Path, docs
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             health = health_pb2_grpc.HealthStub(channel)
-            deadline = time.monotonic() + 900
-            while True:
-                if server.poll() is not None:
-                    raise RuntimeError((work / "grpc-server.log").read_text()[-3000:])
-                try:
-                    reply = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        break
-                except grpc.aio.AioRpcError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError("our server did not start")
-                await asyncio.sleep(1)
+
+            async def serving() -> bool:
+                reply = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+                return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+            await wait_ready(serving, server, work / "grpc-server.log", "our server")
             stub = rerank_pb2_grpc.RerankServiceStub(channel)
 
             async def send(query: str, documents: list[str]) -> int:
@@ -277,19 +286,12 @@ async def bench_vllm_serve(model: Path, scenario: Scenario, requests, work: Path
     try:
         connector = aiohttp.TCPConnector(limit=256)
         async with aiohttp.ClientSession(connector=connector) as session:
-            deadline = time.monotonic() + 900
-            while True:
-                if server.poll() is not None:
-                    raise RuntimeError((work / "vllm-serve.log").read_text()[-3000:])
-                try:
-                    async with session.get(base + "/health") as r:
-                        if r.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError("vllm serve did not start")
-                await asyncio.sleep(1)
+
+            async def healthy() -> bool:
+                async with session.get(base + "/health") as r:
+                    return r.status == 200
+
+            await wait_ready(healthy, server, work / "vllm-serve.log", "vllm serve")
 
             async def send(query: str, documents: list[str]) -> int:
                 body = {"model": "reranker", "query": query, "documents": documents}

@@ -69,13 +69,25 @@ class RunningServer:
 def start_server(
     args: list[str], log: Path, *, wait_service: str = "", metrics_port: int | None = None
 ) -> RunningServer:
+    """`python -m scoring_server ARGS` on a free port, returned once `wait_service` is SERVING."""
     port = free_port()
+    command = [sys.executable, "-m", "scoring_server", *args, "--port", str(port), "--host", "127.0.0.1"]
+    return launch(command, port, log, wait_service=wait_service, metrics_port=metrics_port)
+
+
+def launch(
+    command: list[str],
+    port: int,
+    log: Path,
+    *,
+    wait_service: str = "",
+    metrics_port: int | None = None,
+    env: dict[str, str] | None = None,
+) -> RunningServer:
+    """Starts a server command and polls grpc.health.v1 on `port` for `wait_service`."""
     with log.open("wb") as sink:
         process = subprocess.Popen(
-            [sys.executable, "-m", "scoring_server", *args, "--port", str(port), "--host", "127.0.0.1"],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
+            command, stdout=sink, stderr=subprocess.STDOUT, cwd=REPO, env=env
         )
     server = RunningServer(process, port, log, metrics_port)
     deadline = time.monotonic() + START_TIMEOUT_S

@@ -17,7 +17,7 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from jsonschema import Draft7Validator
 
-from conftest import REPO, RunningServer, free_port, stop_server, tool_env, venv_tool
+from conftest import REPO, free_port, launch, stop_server, tool_env, venv_tool
 from scoring_client import ScoringClient
 from scoring_server.cli import parse_args, settings_from_args
 
@@ -166,8 +166,6 @@ def _probe(port: int, service: str) -> str:
 def test_container_command_serves_and_passes_its_probes(tmp_path: Path) -> None:
     """The CPU Deployment's command and args, verbatim but for the weights' directory and the
     port, probed as the kubelet does and then called."""
-    import time
-
     from scoring_server.demo import minilm_path
 
     (deployment,) = _documents(DEPLOY / "kubernetes" / "base" / "deployment.yaml")
@@ -180,22 +178,10 @@ def test_container_command_serves_and_passes_its_probes(tmp_path: Path) -> None:
         for a in container["args"]
     ]
     env = tool_env() | {e["name"]: e["value"] for e in container.get("env", [])}
-    log = tmp_path / "container.log"
-    with log.open("wb") as sink:
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env)
-    server = RunningServer(process, port, log)
     probes = {k: container[k]["grpc"]["service"] for k in ("readinessProbe", "livenessProbe", "startupProbe")}
+    # ready as the readiness probe sees it (grpc.health.v1 Check with its service name)
+    server = launch(command, port, tmp_path / "container.log", wait_service=probes["readinessProbe"], env=env)
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            assert process.poll() is None, server.log_tail()
-            try:
-                if _probe(port, probes["readinessProbe"]) == "SERVING":
-                    break
-            except grpc.RpcError:
-                pass
-            assert time.monotonic() < deadline, server.log_tail()
-            time.sleep(1)
         assert _probe(port, probes["livenessProbe"]) == "SERVING"
         assert _probe(port, probes["startupProbe"]) == "SERVING"
         with ScoringClient(f"127.0.0.1:{port}", timeout=60) as client:

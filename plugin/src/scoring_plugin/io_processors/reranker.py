@@ -135,19 +135,23 @@ class RerankerIOProcessor(IOProcessor[RerankInput, RerankOutput]):
         self._states.discard(request_id)
 
     def _engine_request(self, prompt: EnginePrompt) -> EngineRequest:
-        # Raw outputs: activation and normalization are applied here, so the response can carry
-        # both the raw and the activated score.
         extra = (
             {"compressed_token_type_ids": prompt.second_segment_start}
             if prompt.second_segment_start is not None
             else None
         )
-        params = PoolingParams(
+        return EngineRequest(
+            TokensPrompt(prompt_token_ids=list(prompt.token_ids)), self._pooling_params(extra)
+        )
+
+    def _pooling_params(self, extra: dict[str, Any] | None = None) -> PoolingParams:
+        # Cross-encoders return raw logits: the activation is applied in post_process, so the
+        # response can carry both the raw and the activated score.
+        return PoolingParams(
             task=self.settings.mode.pooling_task,
             use_activation=self.settings.mode is not RerankMode.CROSS_ENCODER,
             extra_kwargs=extra,
         )
-        return EngineRequest(TokensPrompt(prompt_token_ids=list(prompt.token_ids)), params)
 
     # ------------------------------------------------- vLLM's standard path
 
@@ -182,10 +186,7 @@ class RerankerIOProcessor(IOProcessor[RerankInput, RerankOutput]):
                 )
 
     def merge_pooling_params(self, params: PoolingParams | None = None) -> PoolingParams:
-        return PoolingParams(
-            task=self.settings.mode.pooling_task,
-            use_activation=self.settings.mode is not RerankMode.CROSS_ENCODER,
-        )
+        return self._pooling_params()
 
     # ----------------------------------------------------------------- output
 

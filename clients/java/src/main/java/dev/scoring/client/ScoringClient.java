@@ -20,6 +20,7 @@ import java.util.List;
 import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
+import java.util.function.Supplier;
 
 /**
  * Client of the scoring service. One instance owns one channel: create it once and share it
@@ -68,12 +69,8 @@ public final class ScoringClient implements AutoCloseable {
 
   /** The full request, for options the shortcuts do not cover. */
   public RerankResult rerank(RerankRequest request) {
-    try {
-      return new RerankResult(
-          rerankBlocking.withDeadlineAfter(deadline.toMillis(), TimeUnit.MILLISECONDS).rerank(request));
-    } catch (StatusRuntimeException e) {
-      throw new ScoringException(e);
-    }
+    return new RerankResult(
+        blocking(() -> rerankBlocking.withDeadlineAfter(deadline.toMillis(), TimeUnit.MILLISECONDS).rerank(request)));
   }
 
   /** Non-blocking: the future fails with {@link ScoringException}. */
@@ -100,9 +97,15 @@ public final class ScoringClient implements AutoCloseable {
   }
 
   public GetInfoResponse info() {
+    return blocking(
+        () -> info.withDeadlineAfter(deadline.toMillis(), TimeUnit.MILLISECONDS)
+            .getInfo(GetInfoRequest.getDefaultInstance()));
+  }
+
+  /** Every blocking call surfaces gRPC failures the same way. */
+  private static <T> T blocking(Supplier<T> call) {
     try {
-      return info.withDeadlineAfter(deadline.toMillis(), TimeUnit.MILLISECONDS)
-          .getInfo(GetInfoRequest.getDefaultInstance());
+      return call.get();
     } catch (StatusRuntimeException e) {
       throw new ScoringException(e);
     }
