@@ -6,7 +6,11 @@ violations; under ``vllm serve`` they surface as HTTP 400 because they subclass 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
 
 
 @dataclass(frozen=True)
@@ -25,3 +29,15 @@ class InvalidInputError(ValueError):
     @classmethod
     def single(cls, field: str, description: str) -> InvalidInputError:
         return cls([FieldViolation(field, description)])
+
+    @classmethod
+    def from_validation(cls, exc: ValidationError) -> InvalidInputError:
+        """A JSON request (``vllm serve``) that does not fit the input type, field by field."""
+        return cls([FieldViolation(_field_path(e["loc"]), e["msg"]) for e in exc.errors()])
+
+
+def _field_path(loc: Sequence[Any]) -> str:
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else ("." if path else "") + str(part)
+    return path or "data"

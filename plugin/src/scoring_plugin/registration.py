@@ -13,3 +13,8 @@ def register_models() -> None:
 def reranker_io_processor() -> str:
     """``vllm.io_processor_plugins``: vLLM imports the returned class lazily."""
     return "scoring_plugin.io_processors.reranker.RerankerIOProcessor"
+
+
+def absa_io_processor() -> str:
+    """``vllm.io_processor_plugins``: (aspect, review) pairs to labels and evidence spans."""
+    return "scoring_plugin.io_processors.absa.AbsaIOProcessor"

@@ -30,8 +30,9 @@ from scoring_server import __version__
 from scoring_server.errors import ErrorMappingInterceptor
 from scoring_server.metrics import serve_metrics
 from scoring_server.services.info import InfoServicer
-from scoring_server.services.pending import AbsaServicer, ImageRankServicer
-from scoring_server.services.rerank import RerankScorer, RerankServicer
+from scoring_server.services.absa import AbsaServicer
+from scoring_server.services.pending import ImageRankServicer
+from scoring_server.services.rerank import RerankServicer
 from scoring_server.telemetry import TelemetryInterceptor
 
 logger = logging.getLogger(__name__)
@@ -64,13 +65,15 @@ class ScoringServer:
             ],
         )
         rerank_pb2_grpc.add_RerankServiceServicer_to_server(
-            RerankServicer(RerankScorer(self.registry), settings.stream_max_in_flight),
+            RerankServicer(self.registry, settings.stream_max_in_flight),
             self.server,
         )
         info_pb2_grpc.add_InfoServiceServicer_to_server(
             InfoServicer(self.registry, settings), self.server
         )
-        absa_pb2_grpc.add_AbsaServiceServicer_to_server(AbsaServicer(), self.server)
+        absa_pb2_grpc.add_AbsaServiceServicer_to_server(
+            AbsaServicer(self.registry, settings.stream_max_in_flight), self.server
+        )
         image_rank_pb2_grpc.add_ImageRankServiceServicer_to_server(
             ImageRankServicer(), self.server
         )

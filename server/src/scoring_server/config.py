@@ -14,7 +14,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from scoring_plugin.rerank.settings import OVERRIDES_KEY, RerankMode
+from scoring_plugin.absa.settings import OVERRIDES_KEY as ABSA_OVERRIDES_KEY
+from scoring_plugin.rerank.settings import OVERRIDES_KEY as RERANK_OVERRIDES_KEY
+from scoring_plugin.rerank.settings import RerankMode
 
 MIB = 1024 * 1024
 
@@ -46,19 +48,23 @@ class ModelSettings(BaseModel):
 
     @model_validator(mode="after")
     def _only_implemented_kinds(self) -> ModelSettings:
-        if self.kind is not ModelKind.RERANK:
+        if self.kind is ModelKind.IMAGE_RANK:
             raise ValueError(f"model kind {self.kind.value!r} is not implemented yet")
+        if self.rerank_mode is not None and self.kind is not ModelKind.RERANK:
+            raise ValueError("rerank_mode applies to rerank models only")
         return self
 
     def effective_hf_overrides(self) -> dict[str, Any]:
         """The plugin reads its settings from the HF config; the deployment's travel as overrides
         under their own key, merged over the checkpoint's by the plugin."""
         overrides = dict(self.hf_overrides)
-        own = dict(overrides.get(OVERRIDES_KEY) or {})
-        own["max_documents"] = self.max_items_per_request
-        if self.rerank_mode is not None:
-            own["mode"] = self.rerank_mode.value
-        overrides[OVERRIDES_KEY] = own
+        if self.kind is ModelKind.RERANK:
+            key, own = RERANK_OVERRIDES_KEY, {"max_documents": self.max_items_per_request}
+            if self.rerank_mode is not None:
+                own["mode"] = self.rerank_mode.value
+        else:
+            key, own = ABSA_OVERRIDES_KEY, {"max_pairs": self.max_items_per_request}
+        overrides[key] = {**(overrides.get(key) or {}), **own}
         return overrides
 
 

@@ -17,19 +17,24 @@ from vllm.plugins.io_processors import get_io_processor
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 
+from scoring_plugin.io_processors.absa import AbsaIOProcessor
 from scoring_plugin.io_processors.reranker import RerankerIOProcessor
 from scoring_server.config import ModelKind, ModelSettings
 
 logger = logging.getLogger(__name__)
 
-RERANKER_PLUGIN = "reranker"
+# The IO processor plugin (entry-point name) and its class, per model kind.
+IO_PROCESSORS: dict[ModelKind, tuple[str, type[RerankerIOProcessor | AbsaIOProcessor]]] = {
+    ModelKind.RERANK: ("reranker", RerankerIOProcessor),
+    ModelKind.ABSA: ("absa", AbsaIOProcessor),
+}
 
 
 @dataclass
 class ServedModel:
     settings: ModelSettings
     engine: AsyncLLM | None = None
-    processor: RerankerIOProcessor | None = None
+    processor: RerankerIOProcessor | AbsaIOProcessor | None = None
     architecture: str = ""
 
     @property
@@ -82,7 +87,7 @@ def engine_args(settings: ModelSettings) -> AsyncEngineArgs:
         max_model_len=settings.max_model_len,
         gpu_memory_utilization=settings.gpu_memory_utilization,
         hf_overrides=settings.effective_hf_overrides(),
-        io_processor_plugin=RERANKER_PLUGIN,
+        io_processor_plugin=IO_PROCESSORS[settings.kind][0],
         **settings.engine_args,
     )
 
@@ -95,9 +100,10 @@ def _start(model: ServedModel) -> None:
     )
     try:
         # Loaded through the entry point, exactly as `vllm serve` would load it.
-        processor = get_io_processor(engine.vllm_config, engine.renderer, RERANKER_PLUGIN)
-        if not isinstance(processor, RerankerIOProcessor):
-            raise TypeError(f"plugin {RERANKER_PLUGIN!r} resolved to {type(processor)!r}")
+        plugin, expected = IO_PROCESSORS[model.settings.kind]
+        processor = get_io_processor(engine.vllm_config, engine.renderer, plugin)
+        if not isinstance(processor, expected):
+            raise TypeError(f"plugin {plugin!r} resolved to {type(processor)!r}")
     except Exception:
         engine.shutdown()
         raise

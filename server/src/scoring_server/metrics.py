@@ -12,6 +12,7 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram, Info, start_h
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from scoring_plugin.io_processors.reranker import RerankerIOProcessor
 from scoring_server.engines import ModelRegistry
 
 # Latency buckets from 1 ms to 10 s: a search request's whole budget is tens of milliseconds.
@@ -61,7 +62,8 @@ class ModelStateCollector(Collector):
             labels=["model"],
         )
         for name, model in self._registry.models.items():
-            mode = model.processor.settings.mode.value if model.processor else ""
+            processor = model.processor
+            mode = processor.settings.mode.value if isinstance(processor, RerankerIOProcessor) else ""
             info.add_metric([name, model.settings.kind.value, model.settings.dtype, model.architecture, mode], 1)
             ready.add_metric([name], 1.0 if model.ready else 0.0)
             states.add_metric([name], model.processor.pending_states if model.processor else 0)

@@ -11,7 +11,7 @@ refused there with a clear error rather than scored wrongly.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,7 @@ from vllm.pooling_params import PoolingParams
 from vllm.renderers import BaseRenderer
 
 from scoring_plugin.errors import FieldViolation, InvalidInputError
+from scoring_plugin.io_processors.engine_request import EngineRequest
 from scoring_plugin.models import PAIR_BERT_ARCHITECTURE
 from scoring_plugin.rerank.prompts import EnginePrompt, PromptBuilder, RerankPlan
 from scoring_plugin.rerank.settings import RerankMode, RerankSettings
@@ -37,12 +38,6 @@ from scoring_plugin.rerank.types import (
 from scoring_plugin.state_cache import RequestStateCache
 
 _INPUT_ADAPTER = TypeAdapter(RerankInput)
-
-
-@dataclass(frozen=True, slots=True)
-class EngineRequest:
-    prompt: TokensPrompt
-    params: PoolingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,12 +80,7 @@ class RerankerIOProcessor(IOProcessor[RerankInput, RerankOutput]):
             try:
                 request = _INPUT_ADAPTER.validate_python(data)
             except ValidationError as exc:
-                raise InvalidInputError(
-                    [
-                        FieldViolation(_pydantic_field(e["loc"]), e["msg"])
-                        for e in exc.errors()
-                    ]
-                ) from None
+                raise InvalidInputError.from_validation(exc) from None
         self.validate(request)
         return request
 
@@ -246,12 +236,3 @@ class RerankerIOProcessor(IOProcessor[RerankInput, RerankOutput]):
                 scores[p] = similarity(query, data[p])
         return [scores[p] for p in plan.document_prompt]
 
-
-def _pydantic_field(loc: Sequence[Any] | Mapping[str, Any]) -> str:
-    field = ""
-    for part in loc:
-        if isinstance(part, int):
-            field += f"[{part}]"
-        else:
-            field += ("." if field else "") + str(part)
-    return field or "data"

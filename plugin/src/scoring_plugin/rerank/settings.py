@@ -1,10 +1,5 @@
-"""How a served model reranks, read from its Hugging Face config.
-
-The checkpoint's ``config.json`` may carry them (key ``scoring_rerank``); a deployment overrides
-single values through vLLM's ``hf_overrides`` under ``scoring_rerank_overrides`` (hf_overrides
-replace a whole top-level key, so the deployment's values get a key of their own and are merged
-here). Stock ``vllm serve`` and our server thus pick the same behaviour for the same checkpoint.
-Anything absent is inferred from the architecture.
+"""How a served model reranks: section ``scoring_rerank`` of its Hugging Face config (see
+:mod:`scoring_plugin.config_sections`). Anything absent is inferred from the architecture.
 """
 
 from __future__ import annotations
@@ -13,10 +8,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from scoring_plugin.config_sections import as_dict, overrides_key, read_section
 from scoring_plugin.rerank.types import Activation
 
 CONFIG_KEY = "scoring_rerank"
-OVERRIDES_KEY = "scoring_rerank_overrides"
+OVERRIDES_KEY = overrides_key(CONFIG_KEY)
 DEFAULT_MAX_DOCUMENTS = 1000
 QWEN3_DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
 
@@ -59,8 +55,8 @@ class RerankSettings:
 
     @classmethod
     def from_hf_config(cls, hf_config: Any) -> RerankSettings:
-        raw = hf_config.to_dict() if hasattr(hf_config, "to_dict") else dict(hf_config)
-        own: dict[str, Any] = {**(raw.get(CONFIG_KEY) or {}), **(raw.get(OVERRIDES_KEY) or {})}
+        raw = as_dict(hf_config)
+        own = read_section(raw, CONFIG_KEY)
         architectures = [str(a) for a in raw.get("architectures") or []]
         is_qwen3 = any(a.startswith("Qwen3") for a in architectures)
         mode = RerankMode(own["mode"]) if "mode" in own else _infer_mode(architectures, raw)

@@ -6,11 +6,12 @@ import grpc
 import vllm
 
 from scoring.v1 import common_pb2, info_pb2, info_pb2_grpc, rerank_pb2
+from scoring_plugin.io_processors.absa import AbsaIOProcessor
 from scoring_plugin.rerank.settings import RerankMode
 from scoring_server import __version__
 from scoring_server.config import ModelKind, ServerSettings
 from scoring_server.engines import ModelRegistry
-from scoring_server.services.rerank import DTYPES
+from scoring_server.services.execution import DTYPES
 
 _KINDS = {
     ModelKind.RERANK: common_pb2.MODEL_KIND_RERANK,
@@ -53,12 +54,18 @@ class InfoServicer(info_pb2_grpc.InfoServiceServicer):
                 ready=model.ready,
                 is_default=self._registry.is_default(model),
             )
-            if model.processor is not None:
-                mode = model.processor.settings.mode
+            processor = model.processor
+            if processor is not None:
+                info.max_tokens_per_item = processor.max_model_len
+                info.pending_request_states = processor.pending_states
+            if isinstance(processor, AbsaIOProcessor):
+                info.labels.extend(processor.settings.labels)
+                info.max_aspect_chars = processor.settings.max_aspect_chars
+                info.max_review_chars = processor.settings.max_review_chars
+            elif processor is not None:
+                mode = processor.settings.mode
                 info.rerank_mode = _MODES[mode]
                 info.default_activation = _DEFAULT_ACTIVATIONS[mode]
-                info.max_tokens_per_item = model.processor.max_model_len
-                info.pending_request_states = model.processor.pending_states
             if model.engine is not None:
                 info.engine_requests_in_flight = (
                     model.engine.output_processor.get_num_unfinished_requests()

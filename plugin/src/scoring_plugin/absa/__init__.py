@@ -1,0 +1,1 @@
+"""Aspect-based sentiment: settings, heads, span decoding and request types."""

@@ -1,0 +1,97 @@
+"""(aspect, review) pairs to engine prompts: one batched tokenizer call with offsets.
+
+Offsets come from the fast tokenizer and count code points of the review as sent (Python string
+indices), so spans map back to the caller's text exactly, whatever the normalisation (accents
+stripped, NFC/NFD, emoji split into byte-level pieces).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from scoring_plugin.absa.types import FlatPair
+from scoring_plugin.errors import FieldViolation, InvalidInputError
+from scoring_plugin.rerank.types import TruncationOptions, TruncationSide
+
+_REVIEW = 1  # the tokenizer's sequence id of the second text of a pair
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedPair:
+    token_ids: tuple[int, ...]
+    # [lo, hi): prompt positions of the review's tokens.
+    review_tokens: tuple[int, int]
+    # Character (start, end) in the review of each review token, in prompt order.
+    offsets: tuple[tuple[int, int], ...]
+
+
+class PairEncoder:
+    def __init__(self, tokenizer: Any, max_model_len: int) -> None:
+        if not getattr(tokenizer, "is_fast", False):
+            raise ValueError("ABSA needs a fast (Rust) tokenizer: spans need character offsets")
+        self._tokenizer = tokenizer
+        self._max_model_len = max_model_len
+        self._sep = tokenizer.sep_token_id
+
+    def encode(self, pairs: list[FlatPair], truncation: TruncationOptions | None) -> list[EncodedPair]:
+        budget = self._budget(truncation)
+        batch = self._tokenizer(
+            [p.aspect for p in pairs],
+            [p.review for p in pairs],
+            add_special_tokens=True,
+            return_offsets_mapping=True,
+            return_token_type_ids=False,
+            return_attention_mask=False,
+        )
+        encoded: list[EncodedPair] = []
+        violations: list[FieldViolation] = []
+        for i, pair in enumerate(pairs):
+            ids = list(batch["input_ids"][i])
+            sequence_ids = batch.encodings[i].sequence_ids
+            review = [k for k, s in enumerate(sequence_ids) if s == _REVIEW]
+            aspect = [k for k, s in enumerate(sequence_ids) if s == 0]
+            if not review:
+                violations.append(FieldViolation(pair.review_field, "has no tokens the model knows"))
+                continue
+            if self._sep is not None and any(ids[k] == self._sep for k in aspect):
+                violations.append(
+                    FieldViolation(pair.aspect_field, "contains the separator token, which would shift the segments")
+                )
+                continue
+            lo, hi = review[0], review[-1] + 1
+            offsets = [tuple(batch["offset_mapping"][i][k]) for k in range(lo, hi)]
+            excess = len(ids) - budget
+            if excess > 0:
+                if truncation is None:
+                    violations.append(
+                        FieldViolation(
+                            pair.review_field,
+                            f"the pair has {len(ids)} tokens, the model allows {budget}; "
+                            "set `truncation` to cut the review",
+                        )
+                    )
+                    continue
+                if excess >= hi - lo:
+                    violations.append(
+                        FieldViolation(pair.aspect_field, f"leaves no room for the review within {budget} tokens")
+                    )
+                    continue
+                keep = (lo, hi - excess) if truncation.side is TruncationSide.RIGHT else (lo + excess, hi)
+                offsets = offsets[keep[0] - lo : keep[1] - lo]
+                ids = ids[:lo] + ids[keep[0] : keep[1]] + ids[hi:]
+                hi = lo + (keep[1] - keep[0])
+            encoded.append(EncodedPair(tuple(ids), (lo, hi), tuple(offsets)))
+        if violations:
+            raise InvalidInputError(violations)
+        return encoded
+
+    def _budget(self, truncation: TruncationOptions | None) -> int:
+        if truncation is None or truncation.max_tokens is None:
+            return self._max_model_len
+        if truncation.max_tokens > self._max_model_len:
+            raise InvalidInputError.single(
+                "truncation.max_tokens",
+                f"{truncation.max_tokens} exceeds the model's maximum of {self._max_model_len}",
+            )
+        return truncation.max_tokens

@@ -1,0 +1,46 @@
+"""The two ABSA heads, shared by the Hugging Face reference and the vLLM model.
+
+One module for both sides keeps the checkpoint's head weight names and the head arithmetic
+identical by construction; parity tests then only have the encoders to compare.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class AbsaHeads(nn.Module):
+    """Sentiment over the first token (dense, tanh, classifier) and a start/end logit per token."""
+
+    def __init__(self, hidden_size: int, num_labels: int, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.sentiment_dense = nn.Linear(hidden_size, hidden_size, dtype=dtype)
+        self.sentiment_out = nn.Linear(hidden_size, num_labels, dtype=dtype)
+        self.span = nn.Linear(hidden_size, 2, dtype=dtype)
+
+    def sentiment_logits(self, first_token: torch.Tensor) -> torch.Tensor:
+        """[..., hidden] -> [..., num_labels]."""
+        return self.sentiment_out(torch.tanh(self.sentiment_dense(first_token)))
+
+    def span_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., tokens, hidden] -> [..., tokens, 2] (start, end)."""
+        return self.span(hidden)
+
+
+def pack_outputs(sentiment: torch.Tensor, span: torch.Tensor) -> torch.Tensor:
+    """One pooled result per pair: [labels sentiment logits | T start logits | T end logits].
+
+    A flat vector travels through vLLM's pooling output path unchanged, whatever the task's
+    usual shape, and both heads arrive in the same result.
+    """
+    return torch.cat([sentiment.reshape(-1), span[:, 0], span[:, 1]])
+
+
+def unpack_outputs(data: torch.Tensor, num_labels: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inverse of :func:`pack_outputs`: (sentiment logits, start logits, end logits)."""
+    flat = data.reshape(-1)
+    tokens, rest = divmod(flat.numel() - num_labels, 2)
+    if rest or tokens < 1:
+        raise ValueError(f"pooled ABSA output of {flat.numel()} values does not fit {num_labels} labels")
+    return flat[:num_labels], flat[num_labels : num_labels + tokens], flat[num_labels + tokens :]

@@ -1,0 +1,55 @@
+"""Bulk streams: many requests over one bidirectional stream, answered in completion order.
+
+Concurrency per stream is bounded, so one stream cannot hold unbounded work in memory; a failed
+request becomes an error reply (inline google.rpc.Status) and the stream goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+from scoring_server.telemetry import annotate
+
+Q = TypeVar("Q")
+S = TypeVar("S")
+
+
+async def bounded_stream(
+    request_iterator: AsyncIterator[Q],
+    max_in_flight: int,
+    answer: Callable[[Q], Awaitable[S]],
+) -> AsyncIterator[S]:
+    """`answer` turns one request message into its reply and must not raise."""
+    done: asyncio.Queue[S | None] = asyncio.Queue()
+    slots = asyncio.Semaphore(max_in_flight)
+
+    async def run_one(message: Q) -> None:
+        try:
+            reply = await answer(message)
+        finally:
+            slots.release()
+        await done.put(reply)
+
+    async def read_all() -> None:
+        received = 0
+        try:
+            async with asyncio.TaskGroup() as group:
+                async for message in request_iterator:
+                    await slots.acquire()
+                    received += 1
+                    # A fresh context: per-message details stay out of the stream's log line.
+                    group.create_task(run_one(message), context=contextvars.Context())
+        finally:
+            annotate(messages=received)
+            done.put_nowait(None)
+
+    reader = asyncio.create_task(read_all())
+    try:
+        while (reply := await done.get()) is not None:
+            yield reply
+        await reader
+    finally:
+        reader.cancel()
