@@ -42,3 +42,13 @@ def best_span(
     flat = int(np.argmax(scores))  # first maximum: ties go to the earliest start, then end
     s, e = divmod(flat, n)
     return TokenSpan(lo + s, lo + e, float(np.exp(scores[s, e])))
+
+
+def trim_whitespace(text: str, start: int, end: int) -> tuple[int, int]:
+    """Byte-level BPE offsets include the space before a word; evidence never starts or ends
+    blank."""
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return start, end

@@ -24,7 +24,7 @@ from vllm.renderers import BaseRenderer
 from scoring_plugin.absa.encoding import EncodedPair, PairEncoder
 from scoring_plugin.absa.heads import unpack_outputs
 from scoring_plugin.absa.settings import AbsaSettings
-from scoring_plugin.absa.spans import TokenSpan, best_span
+from scoring_plugin.absa.spans import TokenSpan, best_span, trim_whitespace
 from scoring_plugin.absa.types import (
     AbsaInput,
     AbsaOutput,
@@ -201,13 +201,9 @@ def _evidence(review: str, prompt: EncodedPair, span: TokenSpan | None) -> Evide
     if span is None:
         return None
     lo = prompt.review_tokens[0]
-    start = prompt.offsets[span.start - lo][0]
-    end = prompt.offsets[span.end - lo][1]
-    # Byte-level BPE offsets include the space before a word; evidence never starts or ends blank.
-    while start < end and review[start].isspace():
-        start += 1
-    while end > start and review[end - 1].isspace():
-        end -= 1
+    start, end = trim_whitespace(
+        review, prompt.offsets[span.start - lo][0], prompt.offsets[span.end - lo][1]
+    )
     return EvidenceSpan(text=review[start:end], start=start, end=end, score=span.score)
 
 

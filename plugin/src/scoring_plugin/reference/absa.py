@@ -9,14 +9,17 @@ directory serves both.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
-from transformers import BertModel, ModernBertModel
+from transformers import AutoConfig, AutoTokenizer, BertModel, ModernBertModel
 from transformers.models.bert.modeling_bert import BertPreTrainedModel
 from transformers.models.modernbert.modeling_modernbert import ModernBertPreTrainedModel
 from transformers.utils import ModelOutput
 
 from scoring_plugin.absa.heads import AbsaHeads
+from scoring_plugin.absa.settings import AbsaSettings
+from scoring_plugin.absa.spans import best_span, trim_whitespace
 
 
 @dataclass
@@ -71,3 +74,77 @@ class ModernBertForAspectSentiment(ModernBertPreTrainedModel):
         # tokenizer's output as is.
         hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         return _heads_output(self.heads, hidden)
+
+
+@dataclass(frozen=True, slots=True)
+class ReferenceJudgement:
+    label: str
+    probabilities: tuple[float, ...]  # id2label order
+    span: tuple[int, int] | None  # code points of the review, end exclusive
+
+
+class AbsaReference:
+    """Runs a checkpoint with plain transformers, decoding exactly as the served model is
+    specified to (same label rule, same span rule), from the tokenizer's own pair encoding."""
+
+    _CLASSES = {cls.__name__: cls for cls in (BertForAspectSentiment, ModernBertForAspectSentiment)}
+
+    def __init__(self, path: str | Path, dtype: torch.dtype = torch.float32) -> None:
+        config = AutoConfig.from_pretrained(path)
+        architecture = (config.architectures or [""])[0]
+        if architecture not in self._CLASSES:
+            raise ValueError(f"not an ABSA checkpoint: architectures={config.architectures}")
+        self.model = self._CLASSES[architecture].from_pretrained(path, dtype=dtype).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.settings = AbsaSettings.from_hf_config(config)
+
+    @torch.no_grad()
+    def analyze(self, pairs: list[tuple[str, str]], batch_size: int = 32) -> list[ReferenceJudgement]:
+        """(aspect, review) pairs; batches are right-padded, as a Hugging Face server would."""
+        judgements: list[ReferenceJudgement] = []
+        for first in range(0, len(pairs), batch_size):
+            chunk = pairs[first : first + batch_size]
+            enc = self.tokenizer(
+                [a for a, _ in chunk],
+                [r for _, r in chunk],
+                padding=True,
+                return_offsets_mapping=True,
+                return_tensors="pt",
+            )
+            offsets = enc.pop("offset_mapping").tolist()
+            out = self.model(**enc)
+            for i, (_, review) in enumerate(chunk):
+                judgements.append(
+                    self._judge(
+                        review,
+                        out.sentiment_logits[i],
+                        out.start_logits[i],
+                        out.end_logits[i],
+                        enc.sequence_ids(i),
+                        offsets[i],
+                    )
+                )
+        return judgements
+
+    def _judge(
+        self,
+        review: str,
+        sentiment: torch.Tensor,
+        start: torch.Tensor,
+        end: torch.Tensor,
+        sequence_ids: list[int | None],
+        offsets: list[list[int]],
+    ) -> ReferenceJudgement:
+        probabilities = torch.softmax(sentiment.double(), dim=-1).tolist()
+        label = self.settings.labels[self.settings.choose_label(probabilities)]
+        review_tokens = [k for k, s in enumerate(sequence_ids) if s == 1]
+        span = best_span(
+            start.double().numpy(),
+            end.double().numpy(),
+            (review_tokens[0], review_tokens[-1] + 1),
+            self.settings.max_span_tokens,
+        )
+        chars = None
+        if span is not None and span.score >= self.settings.min_span_score:
+            chars = trim_whitespace(review, offsets[span.start][0], offsets[span.end][1])
+        return ReferenceJudgement(label, tuple(probabilities), chars)

@@ -4,6 +4,7 @@ byte-level BPE tokenizer, so offsets are exercised with both tokenizer families.
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -11,7 +12,7 @@ from transformers import ModernBertConfig, PreTrainedTokenizerFast
 
 from scoring_plugin.absa.settings import CONFIG_KEY
 from scoring_plugin.reference.absa import BertForAspectSentiment, ModernBertForAspectSentiment
-from scoring_server.demo.common import MAX_MODEL_LEN, bert_config, copy_bert_tokenizer
+from scoring_server.demo.common import MAX_MODEL_LEN, SEED, bert_config, copy_bert_tokenizer
 
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 ABSA_SECTION = {"max_span_tokens": 16, "max_pairs": 256}
@@ -84,3 +85,33 @@ def _build_bpe_tokenizer(target: Path) -> PreTrainedTokenizerFast:
     )
     fast.save_pretrained(target)
     return fast
+
+
+_ASPECTS = ["food", "service", "wait", "price", "room", "battery life", "screen", "staff", "음식", "직원"]
+_OPENINGS = ["", "Honestly, ", "We came on a Friday. ", "Third visit here 🙂 ", "Update: "]
+_CLAUSES = [
+    "the {a} was delicious",
+    "the {a} was far too slow",
+    "the {a} was fine, nothing special",
+    "I loved the {a} 👍🏽",
+    "the {a} was a disaster",
+    "the café's {a} felt naïve but charming",
+    "the {a} seemed cafe\u0301-like and e\u0301le\u0301gant",
+    "{a}은 정말 훌륭했어요",
+    "{a} 때문에 너무 실망했습니다",
+    "nobody mentioned the {a}",
+]
+
+
+def sample_absa_pairs(count: int, seed: int = SEED) -> list[dict[str, str]]:
+    """Generated (aspect, review) pairs: multi-aspect reviews in English and Korean, with emoji,
+    accents and combining characters, of varied length (the parity and end-to-end test set)."""
+    rng = random.Random(seed)
+    rows = []
+    while len(rows) < count:
+        aspects = rng.sample(_ASPECTS, rng.randint(1, 3))
+        clauses = [rng.choice(_CLAUSES).format(a=a) for a in aspects]
+        filler = " ".join(rng.choice(_CORPUS[:3]) for _ in range(rng.randint(0, 3)))
+        review = rng.choice(_OPENINGS) + ", but ".join(clauses) + ". " + filler
+        rows += [{"aspect": a, "review": review.strip()} for a in aspects]
+    return rows[:count]

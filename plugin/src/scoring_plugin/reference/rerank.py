@@ -1,8 +1,10 @@
-"""Hugging Face reference scoring for each demo model: what the plugin path must reproduce.
+"""Hugging Face reference rerank scoring, per mode and prompt layout: what the plugin path must
+reproduce.
 
-Each function scores (query, documents) with plain transformers in fp32, either one pair per
+Each scorer scores (query, documents) with plain transformers in fp32, either one pair per
 forward pass (``batched=False``) or all documents in one padded batch (``batched=True``), and
-returns raw scores: logits, cosine similarities or MaxSim sums.
+returns raw scores: logits, cosine similarities or MaxSim sums. :func:`reference_for` picks the
+scorer a checkpoint's rerank settings call for.
 """
 
 from __future__ import annotations
@@ -12,16 +14,23 @@ from pathlib import Path
 
 import torch
 from transformers import (
+    AutoConfig,
     AutoModel,
+    AutoModelForSequenceClassification,
     AutoTokenizer,
-    BertForSequenceClassification,
     Qwen3ForCausalLM,
     Qwen3ForSequenceClassification,
 )
 
 from scoring_plugin.reference.colbert import ColBERTReference
 from scoring_plugin.rerank.prompts import QWEN3_SUFFIX, QWEN3_SYSTEM_PREFIX
-from scoring_plugin.rerank.settings import QWEN3_DEFAULT_INSTRUCTION
+from scoring_plugin.config_sections import as_dict
+from scoring_plugin.rerank.settings import (
+    QWEN3_DEFAULT_INSTRUCTION,
+    PromptTemplate,
+    RerankMode,
+    RerankSettings,
+)
 
 DTYPE = torch.float32
 Scorer = Callable[[str, list[str], bool], list[float]]
@@ -50,9 +59,10 @@ def bi_encoder(path: Path) -> Scorer:
     return score
 
 
-def bert_cross_encoder(path: Path) -> Scorer:
+def pair_cross_encoder(path: Path) -> Scorer:
+    """The tokenizer's own pair encoding (token types included), e.g. BERT cross-encoders."""
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = BertForSequenceClassification.from_pretrained(path, dtype=DTYPE).eval()
+    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=DTYPE).eval()
 
     @torch.no_grad()
     def score(query: str, documents: list[str], batched: bool) -> list[float]:
@@ -143,10 +153,17 @@ def colbert(path: Path) -> Scorer:
     return score
 
 
-REFERENCES: dict[str, Callable[[Path], Scorer]] = {
-    "minilm": bi_encoder,
-    "bert-cross-encoder": bert_cross_encoder,
-    "qwen3-seq-cls": qwen3_seq_cls,
-    "qwen3-reranker": qwen3_original_reranker,
-    "colbert": colbert,
-}
+def reference_for(path: Path, hf_overrides: dict[str, object] | None = None) -> Scorer:
+    """The reference for a checkpoint as served with `hf_overrides` (the same settings the
+    reranker IO processor derives)."""
+    raw = {**as_dict(AutoConfig.from_pretrained(path)), **(hf_overrides or {})}
+    settings = RerankSettings.from_hf_config(raw)
+    if settings.mode is RerankMode.BI_ENCODER:
+        return bi_encoder(path)
+    if settings.mode is RerankMode.LATE_INTERACTION:
+        return colbert(path)
+    if settings.template is PromptTemplate.QWEN3_RERANKER:
+        if raw.get("is_original_qwen3_reranker"):
+            return qwen3_original_reranker(path)
+        return qwen3_seq_cls(path)
+    return pair_cross_encoder(path)

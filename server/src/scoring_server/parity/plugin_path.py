@@ -1,0 +1,41 @@
+"""The plugin path as the server runs it: one in-process engine per dtype, requests through the
+model's IO processor, no gRPC in between (parity is about the model, not the transport)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from scoring_server.config import ModelKind, ModelSettings
+from scoring_server.engines import ModelRegistry
+from scoring_server.services.execution import ModelExecutor
+
+
+class PluginPath:
+    def __init__(self, registry: ModelRegistry, kind: ModelKind) -> None:
+        self._executor = ModelExecutor(registry, kind)
+        self._ids = itertools.count()
+
+    @property
+    def processor(self) -> Any:
+        return self._executor.resolve(None).processor
+
+    async def run(self, processor_input: Any) -> Any:
+        executed = await self._executor.execute(
+            None, f"parity-{next(self._ids)}", 1, lambda: processor_input, None
+        )
+        return executed.result
+
+
+@asynccontextmanager
+async def started(settings: ModelSettings) -> AsyncIterator[PluginPath]:
+    """Within one event loop: vLLM's async engine binds its output handler to the loop it first
+    runs on."""
+    registry = ModelRegistry.from_settings([settings])
+    await registry.start_all(lambda model: None)
+    try:
+        yield PluginPath(registry, settings.kind)
+    finally:
+        registry.shutdown()
