@@ -16,6 +16,7 @@ from scoring_plugin.absa.settings import AbsaSettings
 from scoring_plugin.absa.spans import TokenSpan, best_span
 from scoring_plugin.absa.types import FlatPair
 from scoring_plugin.errors import InvalidInputError
+from scoring_plugin.absa.spans import _extends_previous
 from scoring_plugin.io_processors.absa import _evidence
 from scoring_plugin.rerank.types import TruncationOptions, TruncationSide
 
@@ -534,10 +535,27 @@ def test_evidence_from_real_encodings_is_exact_and_trimmed(tokenizer) -> None:
         for s in range(lo, hi):
             for e in range(s, hi):
                 span = _evidence(pair.review, enc, TokenSpan(s, e, 0.5))
-                assert span is not None
-                assert 0 <= span.start <= span.end <= len(pair.review)
+                if span is None:  # only blanks under these tokens
+                    token_text = pair.review[enc.offsets[s - lo][0] : enc.offsets[e - lo][1]]
+                    assert not token_text.strip()
+                    continue
+                assert 0 <= span.start < span.end <= len(pair.review)
                 assert pair.review[span.start : span.end] == span.text
                 assert span.text == span.text.strip()
-                # The span lies within its tokens' characters.
-                assert span.start >= enc.offsets[s - lo][0]
-                assert span.end <= enc.offsets[e - lo][1]
+                # Within its tokens' characters, widened only to whole characters.
+                widened_start = pair.review[span.start : enc.offsets[s - lo][0]]
+                widened_end = pair.review[enc.offsets[e - lo][1] : span.end]
+                assert all(_extends_previous(c) for c in widened_end), widened_end
+                assert len(widened_start) <= 1
+
+
+def test_evidence_keeps_whole_characters() -> None:
+    review = "cafe\u0301 and 🙂👍🏽 ok"
+    # An uncased tokenizer's "cafe" stops before the combining accent; a byte-level piece
+    # splits the thumbs-up from its skin-tone modifier.
+    offsets = ((0, 4), (4, 5), (6, 9), (10, 11), (11, 12), (12, 13), (14, 16))
+    prompt = EncodedPair(token_ids=tuple(range(10)), review_tokens=(2, 9), offsets=offsets)
+    assert _evidence(review, prompt, TokenSpan(2, 2, 1.0)).text == "cafe\u0301"
+    assert _evidence(review, prompt, TokenSpan(6, 6, 1.0)).text == "👍🏽"
+    blank = EncodedPair(token_ids=(1, 2, 3), review_tokens=(1, 2), offsets=((3, 4),))
+    assert _evidence("ab  cd", blank, TokenSpan(1, 1, 1.0)) is None

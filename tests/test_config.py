@@ -59,4 +59,4 @@ def test_inconsistent_settings_are_refused() -> None:
     with pytest.raises(ValidationError):
         ServerSettings(models=[ModelSettings(name="a", path="/a", dtype="float32")] * 2)
     with pytest.raises(ValidationError, match="not implemented"):
-        ModelSettings(name="a", path="/a", dtype="float32", kind="absa")
+        ModelSettings(name="a", path="/a", dtype="float32", kind="image_rank")

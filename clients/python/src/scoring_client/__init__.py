@@ -1,6 +1,9 @@
 """Typed Python client of the scoring service; the raw stubs are in ``scoring.v1``."""
 
 from scoring_client.client import (
+    AnalyzeResult,
+    AspectJudgement,
+    Evidence,
     FieldViolation,
     RerankHit,
     RerankResult,
@@ -8,4 +11,12 @@ from scoring_client.client import (
     ScoringError,
 )
 
-__all__ = ["FieldViolation", "RerankHit", "RerankResult", "ScoringClient", "ScoringError"]
+__all__ = [
+    "AnalyzeResult",
+    "AspectJudgement",
+    "Evidence",
+    "FieldViolation", "RerankHit",
+    "RerankResult",
+    "ScoringClient",
+    "ScoringError",
+]

@@ -1,12 +1,13 @@
 """A small blocking client over the generated stubs: one channel, typed results, readable errors.
 
-It hides protobuf plumbing for the common call, ``rerank(query, docs, top_n=...)``, and turns
-``google.rpc.BadRequest`` details into a list of field violations.
+It hides protobuf plumbing for the common calls, ``rerank(query, docs, top_n=...)`` and
+``analyze(review, aspects)``, and turns ``google.rpc.BadRequest`` details into a list of field
+violations.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -15,7 +16,15 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
-from scoring.v1 import common_pb2, info_pb2, info_pb2_grpc, rerank_pb2, rerank_pb2_grpc
+from scoring.v1 import (
+    absa_pb2,
+    absa_pb2_grpc,
+    common_pb2,
+    info_pb2,
+    info_pb2_grpc,
+    rerank_pb2,
+    rerank_pb2_grpc,
+)
 
 Document = str | Sequence[int]
 _ACTIVATIONS = {
@@ -73,6 +82,45 @@ class RerankResult:
     timings_ms: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """``review[start:end] == text`` (Unicode code points, end exclusive)."""
+
+    text: str
+    start: int
+    end: int
+    score: float
+
+
+@dataclass(frozen=True)
+class AspectJudgement:
+    index: int
+    aspect: str
+    label: str
+    probabilities: dict[str, float]
+    span: Evidence | None
+    id: str | None = None
+
+
+@dataclass(frozen=True)
+class AnalyzeResult:
+    results: list[AspectJudgement]
+    model: str
+    dtype: str
+    request_id: str
+    prompt_tokens: int
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+def _timings(timings: common_pb2.Timings) -> dict[str, float]:
+    return {
+        "queue": timings.queue_ms,
+        "inference": timings.inference_ms,
+        "postprocess": timings.postprocess_ms,
+        "total": timings.total_ms,
+    }
+
+
 class ScoringClient:
     def __init__(
         self,
@@ -92,6 +140,7 @@ class ScoringClient:
         self._timeout = timeout
         self.rerank_stub = rerank_pb2_grpc.RerankServiceStub(self._channel)
         self.info_stub = info_pb2_grpc.InfoServiceStub(self._channel)
+        self.absa_stub = absa_pb2_grpc.AbsaServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
     def __enter__(self) -> ScoringClient:
@@ -159,12 +208,55 @@ class ScoringClient:
             dtype=common_pb2.Dtype.Name(response.dtype),
             request_id=response.request_id,
             prompt_tokens=response.usage.prompt_tokens,
-            timings_ms={
-                "queue": response.timings.queue_ms,
-                "inference": response.timings.inference_ms,
-                "postprocess": response.timings.postprocess_ms,
-                "total": response.timings.total_ms,
-            },
+            timings_ms=_timings(response.timings),
+        )
+
+    def analyze(
+        self,
+        items: Mapping[str, Sequence[str]] | None = None,
+        pairs: Sequence[tuple[str, str]] = (),
+        *,
+        model: str | None = None,
+        truncate: Literal["right", "left"] | None = None,
+        max_tokens: int | None = None,
+        request_id: str = "",
+        timeout: float | None = None,
+    ) -> AnalyzeResult:
+        """Aspect sentiment: ``items`` maps a review to its aspects, ``pairs`` are
+        (aspect, review); results follow that order (items first), one per pair."""
+        request = absa_pb2.AnalyzeRequest(request_id=request_id)
+        for review, aspects in (items or {}).items():
+            request.items.add(review=review, aspects=list(aspects))
+        for aspect, review in pairs:
+            request.pairs.add(aspect=aspect, review=review)
+        if model is not None:
+            request.model = model
+        if truncate is not None:
+            request.truncation.side = _SIDES[truncate]
+            if max_tokens is not None:
+                request.truncation.max_tokens = max_tokens
+        response = self._call(self.absa_stub.Analyze, request, timeout)
+        return AnalyzeResult(
+            results=[
+                AspectJudgement(
+                    index=r.index,
+                    aspect=r.aspect,
+                    label=r.label,
+                    probabilities={p.label: p.probability for p in r.probabilities},
+                    span=(
+                        Evidence(r.span.text, r.span.start, r.span.end, r.span.score)
+                        if r.HasField("span")
+                        else None
+                    ),
+                    id=r.id if r.HasField("id") else None,
+                )
+                for r in response.results
+            ],
+            model=response.model,
+            dtype=common_pb2.Dtype.Name(response.dtype),
+            request_id=response.request_id,
+            prompt_tokens=response.usage.prompt_tokens,
+            timings_ms=_timings(response.timings),
         )
 
     def info(self, timeout: float | None = None) -> info_pb2.GetInfoResponse:

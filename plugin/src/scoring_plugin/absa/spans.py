@@ -6,6 +6,7 @@ aspect and the special tokens can never be chosen and scores are comparable acro
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,11 +45,29 @@ def best_span(
     return TokenSpan(lo + s, lo + e, float(np.exp(scores[s, e])))
 
 
-def trim_whitespace(text: str, start: int, end: int) -> tuple[int, int]:
-    """Byte-level BPE offsets include the space before a word; evidence never starts or ends
-    blank."""
+def _extends_previous(ch: str) -> bool:
+    """Combining marks, variation selectors, emoji skin-tone modifiers, zero-width joiners:
+    characters that belong to the character before them."""
+    return (
+        unicodedata.combining(ch) != 0
+        or unicodedata.category(ch) in ("Mn", "Me")
+        or "\ufe00" <= ch <= "\ufe0f"
+        or "\U0001f3fb" <= ch <= "\U0001f3ff"
+        or ch == "\u200d"
+    )
+
+
+def evidence_bounds(text: str, start: int, end: int) -> tuple[int, int] | None:
+    """Token offsets to the evidence's character range: whole user-perceived characters (an
+    uncased tokenizer's offsets stop before a stripped accent; byte-level pieces split an emoji
+    from its modifier), no surrounding blanks (byte-level offsets include the space before a
+    word). None when nothing but blanks remains."""
+    while start > 0 and start < len(text) and _extends_previous(text[start]):
+        start -= 1
+    while end < len(text) and _extends_previous(text[end]):
+        end += 1
     while start < end and text[start].isspace():
         start += 1
     while end > start and text[end - 1].isspace():
         end -= 1
-    return start, end
+    return (start, end) if end > start else None

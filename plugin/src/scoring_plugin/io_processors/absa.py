@@ -24,7 +24,7 @@ from vllm.renderers import BaseRenderer
 from scoring_plugin.absa.encoding import EncodedPair, PairEncoder
 from scoring_plugin.absa.heads import unpack_outputs
 from scoring_plugin.absa.settings import AbsaSettings
-from scoring_plugin.absa.spans import TokenSpan, best_span, trim_whitespace
+from scoring_plugin.absa.spans import TokenSpan, best_span, evidence_bounds
 from scoring_plugin.absa.types import (
     AbsaInput,
     AbsaOutput,
@@ -201,9 +201,12 @@ def _evidence(review: str, prompt: EncodedPair, span: TokenSpan | None) -> Evide
     if span is None:
         return None
     lo = prompt.review_tokens[0]
-    start, end = trim_whitespace(
+    bounds = evidence_bounds(
         review, prompt.offsets[span.start - lo][0], prompt.offsets[span.end - lo][1]
     )
+    if bounds is None:
+        return None
+    start, end = bounds
     return EvidenceSpan(text=review[start:end], start=start, end=end, score=span.score)
 
 

@@ -19,7 +19,7 @@ from transformers.utils import ModelOutput
 
 from scoring_plugin.absa.heads import AbsaHeads
 from scoring_plugin.absa.settings import AbsaSettings
-from scoring_plugin.absa.spans import best_span, trim_whitespace
+from scoring_plugin.absa.spans import best_span, evidence_bounds
 
 
 @dataclass
@@ -146,5 +146,5 @@ class AbsaReference:
         )
         chars = None
         if span is not None and span.score >= self.settings.min_span_score:
-            chars = trim_whitespace(review, offsets[span.start][0], offsets[span.end][1])
+            chars = evidence_bounds(review, offsets[span.start][0], offsets[span.end][1])
         return ReferenceJudgement(label, tuple(probabilities), chars)
