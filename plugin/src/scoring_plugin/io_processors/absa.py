@@ -88,7 +88,7 @@ class AbsaIOProcessor(IOProcessor[AbsaInput, AbsaOutput]):
             if not item.aspects:
                 violations.append(FieldViolation(f"items[{i}].aspects", "at least one aspect is required"))
         pairs = flatten(request)
-        if not pairs:
+        if not request.items and not request.pairs:
             violations.append(FieldViolation("items", "at least one item or pair is required"))
         elif len(pairs) > limits.max_pairs:
             violations.append(
