@@ -60,3 +60,10 @@ def test_inconsistent_settings_are_refused() -> None:
         ServerSettings(models=[ModelSettings(name="a", path="/a", dtype="float32")] * 2)
     with pytest.raises(ValidationError, match="not implemented"):
         ModelSettings(name="a", path="/a", dtype="float32", kind="image_rank")
+
+
+def test_absa_settings_travel_as_plugin_overrides() -> None:
+    absa = ModelSettings(name="a", path="/a", dtype="float32", kind="absa", max_items_per_request=32)
+    assert absa.effective_hf_overrides() == {"scoring_absa_overrides": {"max_pairs": 32}}
+    with pytest.raises(ValidationError, match="rerank_mode"):
+        ModelSettings(name="a", path="/a", dtype="float32", kind="absa", rerank_mode="cross_encoder")

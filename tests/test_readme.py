@@ -32,6 +32,9 @@ def test_python_example(demo_server: RunningServer) -> None:
     assert done.returncode == 0, done.stderr
     assert "StatusCode.INVALID_ARGUMENT ['query']" in done.stdout
     assert "DTYPE_FLOAT32" in done.stdout
+    judged = [line.split()[:2] for line in done.stdout.splitlines() if line.split()[:1] in (["food"], ["wait"], ["직원"])]
+    assert [a for a, _ in judged] == ["food", "wait", "직원"], done.stdout
+    assert all(label in ("negative", "neutral", "positive") for _, label in judged), done.stdout
 
 
 @pytest.mark.parametrize(
