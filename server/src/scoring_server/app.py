@@ -24,7 +24,8 @@ from scoring.v1 import (
     rerank_pb2,
     rerank_pb2_grpc,
 )
-from scoring_server.config import ModelKind, ServerSettings
+from scoring_server import tracing
+from scoring_server.config import ModelKind, ModelSettings, ServerSettings
 from scoring_server.engines import ModelRegistry, ServedModel
 from scoring_server import __version__
 from scoring_server.errors import ErrorMappingInterceptor
@@ -34,6 +35,7 @@ from scoring_server.services.absa import AbsaServicer
 from scoring_server.services.pending import ImageRankServicer
 from scoring_server.services.rerank import RerankServicer
 from scoring_server.telemetry import TelemetryInterceptor
+from scoring_server.tracing import TracingSettings
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +55,10 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 class ScoringServer:
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
-        self.registry = ModelRegistry.from_settings(settings.models)
+        tracing.configure(settings.tracing)
+        self.registry = ModelRegistry.from_settings(
+            [_with_engine_tracing(m, settings.tracing) for m in settings.models]
+        )
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(
             # Telemetry outermost: it sees the status the error mapping produced.
@@ -123,6 +128,16 @@ class ScoringServer:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(self.settings.drain_grace_s)
         self.registry.shutdown()
+        tracing.shutdown()
+
+
+def _with_engine_tracing(model: ModelSettings, settings: TracingSettings) -> ModelSettings:
+    """vLLM traces its requests only when given an OTLP endpoint; ours is the one to use (its
+    spans then go through this process's provider, under our engine spans)."""
+    if not (settings.enabled and settings.engine_spans):
+        return model
+    engine_args = {"otlp_traces_endpoint": settings.otlp_endpoint, **model.engine_args}
+    return model.model_copy(update={"engine_args": engine_args})
 
 
 async def serve(settings: ServerSettings) -> None:

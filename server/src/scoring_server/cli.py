@@ -23,7 +23,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     source.add_argument(
         "--demo", action="store_true", help="serve demo models built locally (CPU, fp32)"
     )
-    source.add_argument("--model-path", help="serve one rerank model from this directory")
+    source.add_argument("--model-path", help="serve one model (of --model-kind) from this directory")
     parser.add_argument("--model-name", help="name of the --model-path model (default: dir name)")
     parser.add_argument("--model-kind", default="rerank", choices=["rerank", "absa", "image_rank"])
     parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
@@ -43,6 +43,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-reflection", action="store_true")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     parser.add_argument("--log-format", choices=["text", "json"])
+    parser.add_argument(
+        "--otlp-endpoint", help="turn OpenTelemetry tracing on, exporting OTLP/gRPC here"
+    )
     parser.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)
 
@@ -55,6 +58,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         "reflection": False if args.no_reflection else None,
         "metrics_port": args.metrics_port,
         "log_format": args.log_format,
+        "tracing": {"enabled": True, "otlp_endpoint": args.otlp_endpoint} if args.otlp_endpoint else None,
     }
     overrides = {k: v for k, v in overrides.items() if v is not None}
     if args.config is not None:

@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from scoring_plugin.absa.settings import OVERRIDES_KEY as ABSA_OVERRIDES_KEY
 from scoring_plugin.rerank.settings import OVERRIDES_KEY as RERANK_OVERRIDES_KEY
 from scoring_plugin.rerank.settings import RerankMode
+from scoring_server.tracing import TracingSettings
 
 MIB = 1024 * 1024
 
@@ -82,6 +83,7 @@ class ServerSettings(BaseSettings):
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     # One access-log line per scoring call: plain text or JSON (for log pipelines).
     log_format: Literal["text", "json"] = "text"
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
     # Concurrent requests per bulk stream; bounds what one stream can hold in memory.
     stream_max_in_flight: int = Field(default=8, ge=1)
     models: list[ModelSettings] = Field(default_factory=list)

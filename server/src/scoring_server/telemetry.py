@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 
+from scoring_server import tracing
 from scoring_server.interception import BehaviorInterceptor, Streaming, Unary
 from scoring_server.metrics import IN_FLIGHT, REQUEST_SECONDS, REQUESTS
 
@@ -59,22 +60,27 @@ def _recording(full_method: str, context: grpc.aio.ServicerContext) -> Iterator[
     token = _CALL_FIELDS.set(fields)
     started = time.perf_counter()
     code = grpc.StatusCode.OK
-    try:
-        yield
-    except BaseException as exc:
-        code = _code_of(exc, context)
-        fields["error"] = type(exc).__name__
-        raise
-    finally:
-        elapsed = time.perf_counter() - started
-        _CALL_FIELDS.reset(token)
-        IN_FLIGHT.labels(service, method).dec()
-        REQUESTS.labels(service, method, code.name).inc()
-        REQUEST_SECONDS.labels(service, method).observe(elapsed)
-        if service not in _QUIET_SERVICES:
-            record = {"rpc": f"{service}/{method}", "code": code.name,
-                      "duration_ms": round(elapsed * 1e3, 3), **fields}
-            logger.info(" ".join(f"{k}={v}" for k, v in record.items()), extra=record)
+    with tracing.server_span(full_method, context.invocation_metadata()) as span:
+        trace_id = span.get_span_context().trace_id
+        if trace_id:  # only when tracing: lets a log line lead to its trace
+            fields["trace_id"] = format(trace_id, "032x")
+        try:
+            yield
+        except BaseException as exc:
+            code = _code_of(exc, context)
+            fields["error"] = type(exc).__name__
+            raise
+        finally:
+            elapsed = time.perf_counter() - started
+            tracing.finish_server_span(span, code.name, code.value[0], fields)
+            _CALL_FIELDS.reset(token)
+            IN_FLIGHT.labels(service, method).dec()
+            REQUESTS.labels(service, method, code.name).inc()
+            REQUEST_SECONDS.labels(service, method).observe(elapsed)
+            if service not in _QUIET_SERVICES:
+                record = {"rpc": f"{service}/{method}", "code": code.name,
+                          "duration_ms": round(elapsed * 1e3, 3), **fields}
+                logger.info(" ".join(f"{k}={v}" for k, v in record.items()), extra=record)
 
 
 def _code_of(exc: BaseException, context: grpc.aio.ServicerContext) -> grpc.StatusCode:

@@ -17,6 +17,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 from scoring.v1 import common_pb2
 from scoring_plugin.io_processors.engine_request import EngineRequest
+from scoring_server import tracing
 from scoring_server.config import ModelKind
 from scoring_server.engines import ModelRegistry, ServedModel
 from scoring_server.errors import ServiceError
@@ -86,23 +87,29 @@ class ModelExecutor:
         assert model.engine is not None and model.processor is not None
         name, processor = model.settings.name, model.processor
         annotate(model=name, items=items)
-        parsed_input = processor.parse_data(convert())
+        with tracing.stage("parse"):
+            parsed_input = processor.parse_data(convert())
         parsed = time.perf_counter()
         try:
-            engine_requests = processor.plan(parsed_input, request_id)
+            with tracing.stage("preprocess"):
+                engine_requests = processor.plan(parsed_input, request_id)
             submitted = time.perf_counter()
             budget = None if time_remaining is None else time_remaining - (submitted - arrived)
             if budget is not None and budget <= 0:
                 raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline passed before scoring")
             try:
                 async with asyncio.timeout(budget):
-                    outputs = await _run_all(model.engine, engine_requests, request_id)
+                    with tracing.stage("engine"):
+                        outputs = await _run_all(
+                            model.engine, engine_requests, request_id, tracing.engine_trace_headers()
+                        )
             except TimeoutError:
                 raise ServiceError(
                     grpc.StatusCode.DEADLINE_EXCEEDED, "deadline passed during scoring"
                 ) from None
             finished = time.perf_counter()
-            result = processor.post_process(outputs, request_id)
+            with tracing.stage("postprocess"):
+                result = processor.post_process(outputs, request_id)
         finally:
             processor.discard(request_id)
         done = time.perf_counter()
@@ -130,21 +137,31 @@ class ModelExecutor:
 
 
 async def _run_all(
-    engine: AsyncLLM, requests: list[EngineRequest], request_id: str
+    engine: AsyncLLM,
+    requests: list[EngineRequest],
+    request_id: str,
+    trace_headers: dict[str, str] | None = None,
 ) -> list[PoolingRequestOutput]:
     """One engine request per distinct prompt. A TaskGroup cancels the siblings of a failed
     request, and cancelling the caller cancels all of them: vLLM aborts each in the engine."""
     async with asyncio.TaskGroup() as group:
         tasks = [
-            group.create_task(_encode(engine, r, f"{request_id}-{i}"))
+            group.create_task(_encode(engine, r, f"{request_id}-{i}", trace_headers))
             for i, r in enumerate(requests)
         ]
     return [t.result() for t in tasks]
 
 
-async def _encode(engine: AsyncLLM, request: EngineRequest, engine_id: str) -> PoolingRequestOutput:
+async def _encode(
+    engine: AsyncLLM,
+    request: EngineRequest,
+    engine_id: str,
+    trace_headers: dict[str, str] | None,
+) -> PoolingRequestOutput:
     final: PoolingRequestOutput | None = None
-    async for output in engine.encode(request.prompt, request.params, engine_id):
+    async for output in engine.encode(
+        request.prompt, request.params, engine_id, trace_headers=trace_headers
+    ):
         final = output
     if final is None:
         raise RuntimeError(f"engine returned no output for {engine_id}")

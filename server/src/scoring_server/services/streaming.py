@@ -11,6 +11,8 @@ import contextvars
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
+from opentelemetry import context as otel_context
+
 from scoring_server.telemetry import annotate
 
 Q = TypeVar("Q")
@@ -33,6 +35,8 @@ async def bounded_stream(
             slots.release()
         await done.put(reply)
 
+    trace_context = otel_context.get_current()
+
     async def read_all() -> None:
         received = 0
         try:
@@ -40,8 +44,11 @@ async def bounded_stream(
                 async for message in request_iterator:
                     await slots.acquire()
                     received += 1
-                    # A fresh context: per-message details stay out of the stream's log line.
-                    group.create_task(run_one(message), context=contextvars.Context())
+                    # A fresh context: per-message details stay out of the stream's log line;
+                    # only the trace context carries over, so messages nest under the stream.
+                    fresh = contextvars.Context()
+                    fresh.run(otel_context.attach, trace_context)
+                    group.create_task(run_one(message), context=fresh)
         finally:
             annotate(messages=received)
             done.put_nowait(None)
