@@ -6,12 +6,13 @@ import json
 import re
 import time
 import urllib.request
+from collections.abc import Callable
 
 import grpc
 import pytest
 
 from conftest import RunningServer
-from scoring.v1 import rerank_pb2, rerank_pb2_grpc
+from scoring.v1 import absa_pb2, absa_pb2_grpc, rerank_pb2, rerank_pb2_grpc
 
 DOCS = ["Cats sleep all day.", "Stocks fell sharply.", "Kittens nap often."]
 RERANK = {"service": "scoring.v1.RerankService", "method": "Rerank"}
@@ -23,6 +24,17 @@ def _scrape(server: RunningServer) -> str:
     assert server.metrics_port is not None, "the demo server runs with --metrics-port"
     with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as r:
         return r.read().decode()
+
+
+def _scrape_when(server: RunningServer, ready: Callable[[str], bool], timeout: float = 5.0) -> str:
+    """A scrape once `ready` holds: a call's status reaches the client a moment before the
+    server's interceptor has counted it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = _scrape(server)
+        if ready(text) or time.monotonic() > deadline:
+            return text
+        time.sleep(0.05)
 
 
 def _samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
@@ -53,7 +65,12 @@ def test_counters_and_histograms_move_with_real_calls(demo_server: RunningServer
         stub.Rerank(_request(), timeout=60)
     with pytest.raises(grpc.RpcError):
         stub.Rerank(_request(query=""), timeout=60)
-    after = _scrape(demo_server)
+    failed = {**RERANK, "code": "INVALID_ARGUMENT"}
+    after = _scrape_when(
+        demo_server,
+        lambda text: _value(text, "scoring_requests_total", **failed)
+        > _value(before, "scoring_requests_total", **failed),
+    )
 
     def delta(name: str, **labels: str) -> float:
         return _value(after, name, **labels) - _value(before, name, **labels)
@@ -65,6 +82,36 @@ def test_counters_and_histograms_move_with_real_calls(demo_server: RunningServer
         assert delta("scoring_stage_duration_seconds_count", model="bert-cross-encoder", stage=stage) == 3
     assert delta("scoring_items_per_request_sum", model="bert-cross-encoder") == 3 * len(DOCS)
     assert delta("scoring_prompt_tokens_per_request_sum", model="bert-cross-encoder") > 0
+
+
+def test_absa_calls_move_the_same_metrics(demo_server: RunningServer, channel: grpc.Channel) -> None:
+    stub = absa_pb2_grpc.AbsaServiceStub(channel)
+    labels = {"service": "scoring.v1.AbsaService", "method": "Analyze"}
+    request = absa_pb2.AnalyzeRequest(model="absa-modernbert")
+    request.items.add(review="The food was great, the wait was long.", aspects=["food", "wait"])
+    before = _scrape(demo_server)
+    response, call = stub.Analyze.with_call(request, timeout=60)
+    with pytest.raises(grpc.RpcError):
+        stub.Analyze(absa_pb2.AnalyzeRequest(model="absa-modernbert"), timeout=60)
+    failed = {**labels, "code": "INVALID_ARGUMENT"}
+    after = _scrape_when(
+        demo_server,
+        lambda text: _value(text, "scoring_requests_total", **failed)
+        > _value(before, "scoring_requests_total", **failed),
+    )
+
+    def delta(name: str, **wanted: str) -> float:
+        return _value(after, name, **wanted) - _value(before, name, **wanted)
+
+    assert delta("scoring_requests_total", **labels, code="OK") == 1
+    assert delta("scoring_requests_total", **labels, code="INVALID_ARGUMENT") == 1
+    assert delta("scoring_items_per_request_sum", model="absa-modernbert") == 2
+    assert delta("scoring_prompt_tokens_per_request_sum", model="absa-modernbert") == response.usage.prompt_tokens
+    assert delta("scoring_stage_duration_seconds_count", model="absa-modernbert", stage="engine") == 1
+    trailing = dict(call.trailing_metadata())
+    assert float(trailing["x-total-time-ms"]) == pytest.approx(response.timings.total_ms, abs=1e-3)
+    (info,) = [l for l, _ in _samples(after, "scoring_model_info") if l["model"] == "absa-modernbert"]
+    assert info["kind"] == "absa" and info["architecture"] == "ModernBertForAspectSentiment"
 
 
 def test_model_state_is_exported(demo_server: RunningServer) -> None:
