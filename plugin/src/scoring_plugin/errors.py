@@ -13,6 +13,11 @@ from typing import Any
 from pydantic import ValidationError
 
 
+class NonFiniteOutputError(RuntimeError):
+    """The model produced NaN or infinity: a model fault, never returned to callers as a
+    result (the message says which item, never the values)."""
+
+
 @dataclass(frozen=True)
 class FieldViolation:
     field: str

@@ -48,8 +48,13 @@ _SERVICE_OF_KIND = {
     ModelKind.ABSA: ABSA_SERVICE,
     ModelKind.IMAGE_RANK: IMAGE_RANK_SERVICE,
 }
+ENGINE_WATCH_INTERVAL_S = 0.2
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class EngineFailure(RuntimeError):
+    """An engine died under a running server; the process exits non-zero."""
 
 
 class ScoringServer:
@@ -122,6 +127,31 @@ class ScoringServer:
         if self.registry.default_for(model.settings.kind) is model:
             await self.health.set(service, SERVING)
 
+    async def watch_engines(self) -> None:
+        """Returns (raising) when a started engine has died. The choice on engine death is to
+        exit non-zero and let the orchestrator restart the pod: rebuilding an engine in place
+        would serve a half-recovered process for the minutes a load takes. Health goes
+        NOT_SERVING first and stays so for `engine_failure_linger_s`, so probes and load
+        balancers see the failure before the port closes; in-flight calls on the dead engine
+        have already failed with UNAVAILABLE (vLLM fails them on the engine's exit)."""
+        while True:
+            dead = [
+                m for m in self.registry.models.values()
+                if m.engine is not None and m.engine.errored
+            ]
+            if dead:
+                names = [m.settings.name for m in dead]
+                logger.error("engine died for %s; going NOT_SERVING and exiting", names)
+                await self.health.set("", NOT_SERVING)
+                for model in dead:
+                    service = _SERVICE_OF_KIND[model.settings.kind]
+                    await self.health.set(f"{service}/{model.settings.name}", NOT_SERVING)
+                    if self.registry.default_for(model.settings.kind) is model:
+                        await self.health.set(service, NOT_SERVING)
+                await asyncio.sleep(self.settings.engine_failure_linger_s)
+                raise EngineFailure(f"engine died: {', '.join(names)}")
+            await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
+
     async def drain(self) -> None:
         """Health first, so load balancers stop routing; then in-flight calls finish."""
         logger.info("draining for up to %.1f s", self.settings.drain_grace_s)
@@ -148,12 +178,15 @@ async def serve(settings: ServerSettings) -> None:
         loop.add_signal_handler(sig, stop.set)
     starting = asyncio.create_task(server.start())
     stopping = asyncio.create_task(stop.wait())
+    watching = asyncio.create_task(server.watch_engines())
     try:
-        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        if starting.done():
+        await asyncio.wait({starting, stopping, watching}, return_when=asyncio.FIRST_COMPLETED)
+        if starting.done() and not stopping.done() and not watching.done():
             starting.result()  # a model that failed to start ends the process here
-            await stopping
-        else:
-            starting.cancel()
+            await asyncio.wait({stopping, watching}, return_when=asyncio.FIRST_COMPLETED)
+        if watching.done():
+            watching.result()  # an engine died: drain the rest, then exit non-zero
     finally:
+        for task in (starting, stopping, watching):
+            task.cancel()
         await server.drain()

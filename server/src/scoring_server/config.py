@@ -39,6 +39,11 @@ class ModelSettings(BaseModel):
         default=None, description="Unset: inferred from the checkpoint's architecture."
     )
     max_items_per_request: int = Field(default=256, ge=1)
+    # Admission: beyond these, calls get RESOURCE_EXHAUSTED at once (with a retry hint).
+    max_concurrent_requests: int = Field(default=256, ge=1)
+    # Items (documents, pairs) of admitted calls not yet answered.
+    max_queued_items: int = Field(default=8192, ge=1)
+    retry_after_ms: int = Field(default=50, ge=0)
     max_model_len: int | None = Field(default=None, ge=8)
     # On the CPU backend this is a fraction of host memory, so the default stays small.
     gpu_memory_utilization: float = Field(default=0.05, gt=0, le=1)
@@ -53,6 +58,8 @@ class ModelSettings(BaseModel):
             raise ValueError(f"model kind {self.kind.value!r} is not implemented yet")
         if self.rerank_mode is not None and self.kind is not ModelKind.RERANK:
             raise ValueError("rerank_mode applies to rerank models only")
+        if self.max_queued_items < self.max_items_per_request:
+            raise ValueError("max_queued_items must admit at least one full request")
         return self
 
     def effective_hf_overrides(self) -> dict[str, Any]:
@@ -78,6 +85,8 @@ class ServerSettings(BaseSettings):
     max_send_message_bytes: int = Field(default=16 * MIB, ge=1024)
     # SIGTERM: health goes NOT_SERVING, then in-flight calls get this long to finish.
     drain_grace_s: float = Field(default=20.0, ge=0)
+    # After an engine dies: how long health reports NOT_SERVING before the process exits 1.
+    engine_failure_linger_s: float = Field(default=2.0, ge=0)
     reflection: bool = True
     # Prometheus /metrics over HTTP on this port; None: no metrics endpoint.
     metrics_port: int | None = Field(default=None, ge=0, le=65535)

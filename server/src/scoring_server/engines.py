@@ -19,6 +19,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 from scoring_plugin.io_processors.absa import AbsaIOProcessor
 from scoring_plugin.io_processors.reranker import RerankerIOProcessor
+from scoring_server.admission import Admission
 from scoring_server.config import ModelKind, ModelSettings
 
 logger = logging.getLogger(__name__)
@@ -33,9 +34,17 @@ IO_PROCESSORS: dict[ModelKind, tuple[str, type[RerankerIOProcessor | AbsaIOProce
 @dataclass
 class ServedModel:
     settings: ModelSettings
+    admission: Admission = field(init=False)
     engine: AsyncLLM | None = None
     processor: RerankerIOProcessor | AbsaIOProcessor | None = None
     architecture: str = ""
+
+    def __post_init__(self) -> None:
+        self.admission = Admission(
+            self.settings.max_concurrent_requests,
+            self.settings.max_queued_items,
+            self.settings.retry_after_ms / 1000,
+        )
 
     @property
     def ready(self) -> bool:

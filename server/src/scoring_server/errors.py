@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
+from datetime import timedelta
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,8 +20,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 from vllm.v1.engine.exceptions import EngineDeadError
 
-from scoring_plugin.errors import InvalidInputError
-from scoring_plugin.io_processors.reranker import NonFiniteScoreError
+from scoring_plugin.errors import InvalidInputError, NonFiniteOutputError
 from scoring_server.interception import BehaviorInterceptor, Streaming, Unary
 
 logger = logging.getLogger(__name__)
@@ -43,13 +44,23 @@ def status_for(exc: BaseException) -> status_pb2.Status:
         )
     if isinstance(exc, ServiceError):
         violations = [(exc.field, str(exc))] if exc.field else []
-        return _status(exc.code.value[0], str(exc), violations)
+        status = _status(exc.code.value[0], str(exc), violations)
+        retry_after_s = getattr(exc, "retry_after_s", None)
+        if retry_after_s is not None:
+            retry = error_details_pb2.RetryInfo()
+            retry.retry_delay.FromTimedelta(timedelta(seconds=retry_after_s))
+            detail = any_pb2.Any()
+            detail.Pack(retry)
+            status.details.append(detail)
+        return status
     if isinstance(exc, EngineDeadError):
         return _status(code_pb2.UNAVAILABLE, "the model engine is not running")
-    if isinstance(exc, NonFiniteScoreError):
-        return _status(code_pb2.INTERNAL, str(exc))
-    logger.error("unexpected error", exc_info=exc)
-    return _status(code_pb2.INTERNAL, "internal error; see the server log")
+    # Anything else is ours to fix: the caller gets a correlation id, never a traceback, a path
+    # or an engine message; the log has the whole story under the same id.
+    incident = uuid.uuid4().hex[:16]
+    logger.error("internal error %s", incident, exc_info=exc)
+    described = str(exc) if isinstance(exc, NonFiniteOutputError) else "internal error"
+    return _status(code_pb2.INTERNAL, f"{described} (incident {incident}; see the server log)")
 
 
 def _status(

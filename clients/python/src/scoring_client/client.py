@@ -48,9 +48,15 @@ class ScoringError(Exception):
         self.code: grpc.StatusCode = error.code()
         self.details: str = error.details() or ""
         self.field_violations: list[FieldViolation] = []
+        # Set on RESOURCE_EXHAUSTED: how long the server suggests waiting before a retry.
+        self.retry_after_s: float | None = None
         status = rpc_status.from_call(error)
         for detail in status.details if status is not None else []:
-            if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+                retry = error_details_pb2.RetryInfo()
+                detail.Unpack(retry)
+                self.retry_after_s = retry.retry_delay.ToTimedelta().total_seconds()
+            elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
                 bad_request = error_details_pb2.BadRequest()
                 detail.Unpack(bad_request)
                 self.field_violations += [

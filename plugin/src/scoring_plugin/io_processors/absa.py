@@ -33,7 +33,7 @@ from scoring_plugin.absa.types import (
     FlatPair,
     flatten,
 )
-from scoring_plugin.errors import FieldViolation, InvalidInputError
+from scoring_plugin.errors import FieldViolation, InvalidInputError, NonFiniteOutputError
 from scoring_plugin.io_processors.engine_request import EngineRequest
 from scoring_plugin.models.absa import ABSA_TASK
 from scoring_plugin.state_cache import RequestStateCache
@@ -47,10 +47,6 @@ class _RequestState:
     prompts: list[EncodedPair]
     # For each pair, the index of its (deduplicated) prompt.
     prompt_of_pair: list[int]
-
-
-class NonFiniteOutputError(RuntimeError):
-    """The model produced NaN or infinity; never returned to callers."""
 
 
 class AbsaIOProcessor(IOProcessor[AbsaInput, AbsaOutput]):

@@ -23,7 +23,7 @@ from vllm.plugins.io_processors.interface import IOProcessor
 from vllm.pooling_params import PoolingParams
 from vllm.renderers import BaseRenderer
 
-from scoring_plugin.errors import FieldViolation, InvalidInputError
+from scoring_plugin.errors import FieldViolation, InvalidInputError, NonFiniteOutputError
 from scoring_plugin.io_processors.engine_request import EngineRequest
 from scoring_plugin.models import PAIR_BERT_ARCHITECTURE
 from scoring_plugin.rerank.prompts import EnginePrompt, PromptBuilder, RerankPlan
@@ -44,10 +44,6 @@ _INPUT_ADAPTER = TypeAdapter(RerankInput)
 class _RequestState:
     request: RerankInput
     plan: RerankPlan
-
-
-class NonFiniteScoreError(RuntimeError):
-    """The model produced NaN or infinity; never returned to callers as a score."""
 
 
 class RerankerIOProcessor(IOProcessor[RerankInput, RerankOutput]):
@@ -202,7 +198,7 @@ class RerankerIOProcessor(IOProcessor[RerankInput, RerankOutput]):
         for i, (doc, score) in enumerate(zip(request.documents, raw)):
             activated = activate(score, activation)
             if not (math.isfinite(score) and math.isfinite(activated)):
-                raise NonFiniteScoreError(f"the model produced a non-finite score for documents[{i}]")
+                raise NonFiniteOutputError(f"the model produced a non-finite score for documents[{i}]")
             results.append(
                 ScoredDocument(
                     index=i,

@@ -84,11 +84,26 @@ class ModelExecutor:
         request_id = uuid.uuid4().hex
         annotate(request_id=request_id, caller_request_id=caller_request_id)
         model = self.resolve(model_name)
+        assert model.processor is not None
+        annotate(model=model.settings.name, items=items)
+        with tracing.stage("parse"):
+            parsed_input = model.processor.parse_data(convert())
+        # Admitted after validation (a malformed call is the caller's error, not load), before
+        # tokenization (the first real work).
+        with model.admission.admit(items):
+            return await self._score(model, parsed_input, request_id, items, arrived, time_remaining)
+
+    async def _score(
+        self,
+        model: ServedModel,
+        parsed_input: Any,
+        request_id: str,
+        items: int,
+        arrived: float,
+        time_remaining: float | None,
+    ) -> Executed[Any]:
         assert model.engine is not None and model.processor is not None
         name, processor = model.settings.name, model.processor
-        annotate(model=name, items=items)
-        with tracing.stage("parse"):
-            parsed_input = processor.parse_data(convert())
         parsed = time.perf_counter()
         try:
             with tracing.stage("preprocess"):
@@ -143,13 +158,22 @@ async def _run_all(
     trace_headers: dict[str, str] | None = None,
 ) -> list[PoolingRequestOutput]:
     """One engine request per distinct prompt. A TaskGroup cancels the siblings of a failed
-    request, and cancelling the caller cancels all of them: vLLM aborts each in the engine."""
-    async with asyncio.TaskGroup() as group:
-        tasks = [
-            group.create_task(_encode(engine, r, f"{request_id}-{i}", trace_headers))
-            for i, r in enumerate(requests)
-        ]
+    request, and cancelling the caller cancels all of them: vLLM aborts each in the engine.
+    The first failure is re-raised as itself (an engine death is UNAVAILABLE, not a group)."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [
+                group.create_task(_encode(engine, r, f"{request_id}-{i}", trace_headers))
+                for i, r in enumerate(requests)
+            ]
+    except ExceptionGroup as failed:
+        raise _first_leaf(failed) from None
     return [t.result() for t in tasks]
+
+
+def _first_leaf(group: BaseExceptionGroup) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 async def _encode(

@@ -53,6 +53,8 @@ class InfoServicer(info_pb2_grpc.InfoServiceServicer):
                 max_items_per_request=model.settings.max_items_per_request,
                 ready=model.ready,
                 is_default=self._registry.is_default(model),
+                max_concurrent_requests=model.admission.max_requests,
+                max_queued_items=model.admission.max_items,
             )
             processor = model.processor
             if processor is not None:
