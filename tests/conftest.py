@@ -54,25 +54,35 @@ class RunningServer:
     metrics_port: int | None = None
     # Health answers seen while waiting for SERVING, in order (repeats collapsed).
     statuses_seen: list[str] = field(default_factory=list)
+    # How to reach it (TLS material, token) when not plaintext.
+    client_kwargs: dict[str, object] = field(default_factory=dict)
 
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     def client(self, **kwargs: object) -> ScoringClient:
-        return ScoringClient(self.target, **kwargs)  # type: ignore[arg-type]
+        return ScoringClient(self.target, **{**self.client_kwargs, **kwargs})  # type: ignore[arg-type]
 
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
 
 def start_server(
-    args: list[str], log: Path, *, wait_service: str = "", metrics_port: int | None = None
+    args: list[str],
+    log: Path,
+    *,
+    wait_service: str = "",
+    metrics_port: int | None = None,
+    client_kwargs: dict[str, object] | None = None,
 ) -> RunningServer:
     """`python -m scoring_server ARGS` on a free port, returned once `wait_service` is SERVING."""
     port = free_port()
     command = [sys.executable, "-m", "scoring_server", *args, "--port", str(port), "--host", "127.0.0.1"]
-    return launch(command, port, log, wait_service=wait_service, metrics_port=metrics_port)
+    return launch(
+        command, port, log, wait_service=wait_service, metrics_port=metrics_port,
+        client_kwargs=client_kwargs,
+    )
 
 
 def launch(
@@ -83,13 +93,14 @@ def launch(
     wait_service: str = "",
     metrics_port: int | None = None,
     env: dict[str, str] | None = None,
+    client_kwargs: dict[str, object] | None = None,
 ) -> RunningServer:
     """Starts a server command and polls grpc.health.v1 on `port` for `wait_service`."""
     with log.open("wb") as sink:
         process = subprocess.Popen(
             command, stdout=sink, stderr=subprocess.STDOUT, cwd=REPO, env=env
         )
-    server = RunningServer(process, port, log, metrics_port)
+    server = RunningServer(process, port, log, metrics_port, client_kwargs=client_kwargs or {})
     deadline = time.monotonic() + START_TIMEOUT_S
     with server.client(timeout=2.0) as client:
         while time.monotonic() < deadline:

@@ -4,7 +4,6 @@ evidence mapping."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -34,6 +34,7 @@ from scoring_server.services.info import InfoServicer
 from scoring_server.services.absa import AbsaServicer
 from scoring_server.services.pending import ImageRankServicer
 from scoring_server.services.rerank import RerankServicer
+from scoring_server.security import BearerTokenInterceptor
 from scoring_server.telemetry import TelemetryInterceptor
 from scoring_server.tracing import TracingSettings
 
@@ -65,9 +66,13 @@ class ScoringServer:
             [_with_engine_tracing(m, settings.tracing) for m in settings.models]
         )
         self.health = health.aio.HealthServicer()
+        # Telemetry outermost: it sees the status the others produced, refusals included.
+        interceptors: list[grpc.aio.ServerInterceptor] = [TelemetryInterceptor()]
+        if settings.auth.enabled:
+            interceptors.append(BearerTokenInterceptor(settings.auth))
+        interceptors.append(ErrorMappingInterceptor())
         self.server = grpc.aio.server(
-            # Telemetry outermost: it sees the status the error mapping produced.
-            interceptors=[TelemetryInterceptor(), ErrorMappingInterceptor()],
+            interceptors=interceptors,
             options=[
                 ("grpc.max_receive_message_length", settings.max_receive_message_bytes),
                 ("grpc.max_send_message_length", settings.max_send_message_bytes),
@@ -100,7 +105,11 @@ class ScoringServer:
                 ),
                 self.server,
             )
-        self.port = self.server.add_insecure_port(f"{settings.host}:{settings.port}")
+        address = f"{settings.host}:{settings.port}"
+        if settings.tls is not None:
+            self.port = self.server.add_secure_port(address, settings.tls.credentials())
+        else:
+            self.port = self.server.add_insecure_port(address)
         if self.port == 0:
             raise RuntimeError(f"cannot bind {settings.host}:{settings.port}")
 

@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from scoring_plugin.absa.settings import OVERRIDES_KEY as ABSA_OVERRIDES_KEY
 from scoring_plugin.rerank.settings import OVERRIDES_KEY as RERANK_OVERRIDES_KEY
 from scoring_plugin.rerank.settings import RerankMode
+from scoring_server.security import AuthSettings, TlsSettings
 from scoring_server.tracing import TracingSettings
 
 MIB = 1024 * 1024
@@ -88,6 +89,8 @@ class ServerSettings(BaseSettings):
     # After an engine dies: how long health reports NOT_SERVING before the process exits 1.
     engine_failure_linger_s: float = Field(default=2.0, ge=0)
     reflection: bool = True
+    tls: TlsSettings | None = None
+    auth: AuthSettings = Field(default_factory=AuthSettings)
     # Prometheus /metrics over HTTP on this port; None: no metrics endpoint.
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     # One access-log line per scoring call: plain text or JSON (for log pipelines).

@@ -135,14 +135,22 @@ class ScoringClient:
         timeout: float | None = 10.0,
         channel: grpc.Channel | None = None,
         max_message_bytes: int = 16 * 1024 * 1024,
+        token: str | None = None,
+        root_certificates: bytes | None = None,
+        private_key: bytes | None = None,
+        certificate_chain: bytes | None = None,
     ) -> None:
-        self._channel = channel or grpc.insecure_channel(
-            target,
-            options=[
-                ("grpc.max_send_message_length", max_message_bytes),
-                ("grpc.max_receive_message_length", max_message_bytes),
-            ],
-        )
+        """TLS when `root_certificates` is given (mutual TLS with `private_key` and
+        `certificate_chain`); `token` is sent as `authorization: Bearer <token>` on every call."""
+        options = [
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes),
+        ]
+        if channel is None and root_certificates is not None:
+            credentials = grpc.ssl_channel_credentials(root_certificates, private_key, certificate_chain)
+            channel = grpc.secure_channel(target, credentials, options=options)
+        self._channel = channel or grpc.insecure_channel(target, options=options)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._timeout = timeout
         self.rerank_stub = rerank_pb2_grpc.RerankServiceStub(self._channel)
         self.info_stub = info_pb2_grpc.InfoServiceStub(self._channel)
@@ -277,6 +285,10 @@ class ScoringClient:
 
     def _call(self, method, request, timeout: float | None):  # type: ignore[no-untyped-def]
         try:
-            return method(request, timeout=timeout if timeout is not None else self._timeout)
+            return method(
+                request,
+                timeout=timeout if timeout is not None else self._timeout,
+                metadata=self._metadata,
+            )
         except grpc.RpcError as error:
             raise ScoringError(error) from None
