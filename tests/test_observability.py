@@ -152,6 +152,7 @@ def test_one_json_log_line_per_call_with_status(demo_server: RunningServer, chan
         time.sleep(0.2)
     assert len(ok) == 1 and len(bad) == 1
     assert ok[0]["code"] == "OK" and ok[0]["model"] == "bert-cross-encoder"
+    assert ok[0]["peer"].startswith("ipv4:127.0.0.1:")  # who called
     assert ok[0]["items"] == len(DOCS) and ok[0]["prompt_tokens"] > 0
     assert {"parse_ms", "preprocess_ms", "engine_ms", "postprocess_ms", "duration_ms"} <= set(ok[0])
     assert bad[0]["code"] == "INVALID_ARGUMENT"

@@ -56,7 +56,7 @@ def _recording(full_method: str, context: grpc.aio.ServicerContext) -> Iterator[
     """Counts, times and logs one call, whatever way it ends."""
     _, service, method = full_method.split("/")
     IN_FLIGHT.labels(service, method).inc()
-    fields: dict[str, Any] = {}
+    fields: dict[str, Any] = {"peer": context.peer()}
     token = _CALL_FIELDS.set(fields)
     started = time.perf_counter()
     code = grpc.StatusCode.OK
