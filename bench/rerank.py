@@ -19,17 +19,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
 import random
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from harness import (
+    Level,
+    closed_loop,
+    conditions,
+    free_port,
+    grpc_serving,
+    log,
+    ratio,
+    start,
+    stop,
+    vllm_serve_command,
+    wait_ready,
+)
 
 WORDS = (
     "search rank query document relevance cafe coffee city travel price review food service "
@@ -61,38 +71,12 @@ CPU_SMOKE = Scenario("qwen3-tiny", "float32", 64, 2, 2, 1, 32, 128, 4, [1, 2], 2
 
 
 @dataclass
-class Level:
-    system: str
-    docs_per_request: int
-    concurrency: int
-    requests: int
-    pairs: int
-    seconds: float
-    pairs_per_s: float
-    p50_ms: float
-    p95_ms: float
-    p99_ms: float
-    errors: int
-    tokens_per_pair: float
-
-
-@dataclass
 class Report:
     scenario: dict[str, Any]
     conditions: dict[str, Any]
-    tokens_per_pair: float
+    tokens_per_item: float
     levels: list[Level] = field(default_factory=list)
-    hf_pairs_per_s: float | None = None
-
-
-def log(message: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    hf_items_per_s: float | None = None
 
 
 def build_model(scenario: Scenario, target: Path) -> Path:
@@ -144,93 +128,25 @@ def tokens_per_pair(model: Path, requests: list[tuple[str, list[str]]]) -> float
     return statistics.mean(counts)
 
 
-def start(command: list[str], log_path: Path) -> subprocess.Popen[bytes]:
-    sink = log_path.open("wb")
-    return subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-async def wait_ready(ready, server: subprocess.Popen[bytes], log_path: Path, name: str) -> None:  # type: ignore[no-untyped-def]
-    """Polls `ready()` (an async check that may raise) until it says yes or the server dies."""
-    deadline = time.monotonic() + 900
-    while True:
-        if server.poll() is not None:
-            raise RuntimeError(log_path.read_text()[-3000:])
-        try:
-            if await ready():
-                return
-        except Exception:  # not listening yet
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{name} did not start")
-        await asyncio.sleep(1)
-
-
-async def closed_loop(send, requests, concurrency: int, seconds: float, system: str, docs: int) -> Level:  # type: ignore[no-untyped-def]
-    """`send` returns the tokens the server reports for the request, to check equal work."""
-    latencies: list[float] = []
-    tokens: list[int] = []
-    errors = 0
-    stop_at = time.perf_counter() + seconds
-    counter = iter(range(10**9))
-
-    async def worker() -> None:
-        nonlocal errors
-        while time.perf_counter() < stop_at:
-            query, documents = requests[next(counter) % len(requests)]
-            began = time.perf_counter()
-            try:
-                tokens.append(await send(query, documents))
-                latencies.append(time.perf_counter() - began)
-            except Exception as exc:  # counted and reported, never hidden
-                errors += 1
-                if errors <= 3:
-                    log(f"{system} c={concurrency}: error {type(exc).__name__}: {str(exc)[:200]}")
-
-    began = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    elapsed = time.perf_counter() - began
-    ordered = sorted(latencies) or [float("nan")]
-
-    def pct(p: float) -> float:
-        return ordered[min(len(ordered) - 1, int(p * len(ordered)))] * 1e3
-
-    level = Level(system, docs, concurrency, len(latencies), len(latencies) * docs, elapsed,
-                  len(latencies) * docs / elapsed, pct(0.5), pct(0.95), pct(0.99), errors,
-                  sum(tokens) / max(1, len(tokens) * docs))
-    log(f"{system} docs={docs} c={concurrency}: {level.pairs_per_s:,.0f} pairs/s, p50 {level.p50_ms:.1f} ms, "
-        f"p95 {level.p95_ms:.1f} ms, errors {errors}")
-    return level
-
-
 async def drive(system: str, send, requests, scenario: Scenario, docs_sweep: list[int]) -> list[Level]:  # type: ignore[no-untyped-def]
     """The scenario's concurrency levels at its document count, then c=1 at each sweep count
     (fixed per-request cost against per-pair cost)."""
     log(f"{system}: warm-up")
-    await closed_loop(send, requests, max(scenario.concurrency), min(5.0, scenario.seconds_per_level), system + "-warmup", scenario.docs_per_request)
+    docs = scenario.docs_per_request
+    await closed_loop(send, requests, docs, max(scenario.concurrency), min(5.0, scenario.seconds_per_level), system + "-warmup")
     levels = [
-        await closed_loop(send, requests, c, scenario.seconds_per_level, system, scenario.docs_per_request)
+        await closed_loop(send, requests, docs, c, scenario.seconds_per_level, system)
         for c in scenario.concurrency
     ]
-    for docs in docs_sweep:
-        fewer = [(q, d[:docs]) for q, d in requests]
-        levels.append(await closed_loop(send, fewer, 1, scenario.seconds_per_level / 2, system, docs))
+    for fewer_docs in docs_sweep:
+        fewer = [(q, d[:fewer_docs]) for q, d in requests]
+        levels.append(await closed_loop(send, fewer, fewer_docs, 1, scenario.seconds_per_level / 2, system))
     return levels
 
 
 async def bench_grpc(model: Path, scenario: Scenario, requests, work: Path, docs_sweep: list[int]) -> list[Level]:  # type: ignore[no-untyped-def]
     import grpc
     import yaml
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     from scoring.v1 import rerank_pb2, rerank_pb2_grpc
 
@@ -246,16 +162,11 @@ async def bench_grpc(model: Path, scenario: Scenario, requests, work: Path, docs
     server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], work / "grpc-server.log")
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            health = health_pb2_grpc.HealthStub(channel)
-
-            async def serving() -> bool:
-                reply = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
-                return reply.status == health_pb2.HealthCheckResponse.SERVING
-
-            await wait_ready(serving, server, work / "grpc-server.log", "our server")
+            await wait_ready(grpc_serving(channel), server, work / "grpc-server.log", "our server")
             stub = rerank_pb2_grpc.RerankServiceStub(channel)
 
-            async def send(query: str, documents: list[str]) -> int:
+            async def send(payload: tuple[str, list[str]]) -> int:
+                query, documents = payload
                 request = rerank_pb2.RerankRequest(query=query, activation=rerank_pb2.ACTIVATION_SIGMOID)
                 for d in documents:
                     request.documents.add(text=d)
@@ -272,10 +183,8 @@ async def bench_vllm_serve(model: Path, scenario: Scenario, requests, work: Path
     import aiohttp
 
     port = free_port()
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-               "--served-model-name", "reranker", "--runner", "pooling", "--dtype", scenario.dtype,
-               "--max-model-len", "512", "--gpu-memory-utilization", str(scenario.gpu_memory_utilization),
-               "--host", "127.0.0.1", "--port", str(port)]
+    command = vllm_serve_command(model, "reranker", scenario.dtype, port, "--max-model-len", "512",
+                                 "--gpu-memory-utilization", str(scenario.gpu_memory_utilization))
     if scenario.enforce_eager:
         command.append("--enforce-eager")
     if scenario is CPU_SMOKE:
@@ -293,7 +202,8 @@ async def bench_vllm_serve(model: Path, scenario: Scenario, requests, work: Path
 
             await wait_ready(healthy, server, work / "vllm-serve.log", "vllm serve")
 
-            async def send(query: str, documents: list[str]) -> int:
+            async def send(payload: tuple[str, list[str]]) -> int:
+                query, documents = payload
                 body = {"model": "reranker", "query": query, "documents": documents}
                 async with session.post(base + "/rerank", json=body) as r:
                     payload = await r.json()
@@ -337,44 +247,23 @@ def bench_hf(model: Path, scenario: Scenario, requests) -> float:  # type: ignor
     return rate
 
 
-def conditions(scenario: Scenario) -> dict[str, Any]:
-    import torch
-    import transformers
-    import vllm
-
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu"
-    return {"device": gpu, "vllm": vllm.__version__, "torch": torch.__version__,
-            "transformers": transformers.__version__, "python": platform.python_version(),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv)}
-
-
 def table(report: Report) -> str:
-    baselines = {
-        "vllm serve": {
-            (l.docs_per_request, l.concurrency): l.pairs_per_s
-            for l in report.levels
-            if l.system.startswith("vllm")
-        },
-    }
+    serve = {(l.items_per_request, l.concurrency): l.items_per_s for l in report.levels if l.system.startswith("vllm")}
     lines = [
         f"Rerank, {report.scenario['name']}, {report.scenario['dtype']}, "
-        f"{report.tokens_per_pair:.0f} tokens/pair, closed loop, "
-        f"{report.conditions['device']}",
+        f"{report.tokens_per_item:.0f} tokens/pair, closed loop, {report.conditions['device']}",
         "",
         "| system | docs/request | concurrency | pairs/s | p50 ms | p95 ms | p99 ms | errors | tokens/pair served | vs vllm serve | vs HF best |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for l in report.levels:
-        serve = baselines["vllm serve"].get((l.docs_per_request, l.concurrency))
-        hf = report.hf_pairs_per_s
         lines.append(
-            f"| {l.system} | {l.docs_per_request} | {l.concurrency} | {l.pairs_per_s:,.0f} | {l.p50_ms:.1f} | {l.p95_ms:.1f} | "
-            f"{l.p99_ms:.1f} | {l.errors} | {l.tokens_per_pair:.0f} | {l.pairs_per_s / serve:.2f}x | {l.pairs_per_s / hf:.2f}x |"
-            if serve and hf else
-            f"| {l.system} | {l.docs_per_request} | {l.concurrency} | {l.pairs_per_s:,.0f} | {l.p50_ms:.1f} | {l.p95_ms:.1f} | {l.p99_ms:.1f} | {l.errors} | {l.tokens_per_pair:.0f} | - | - |"
+            f"| {l.system} | {l.items_per_request} | {l.concurrency} | {l.items_per_s:,.0f} | {l.p50_ms:.1f} | "
+            f"{l.p95_ms:.1f} | {l.p99_ms:.1f} | {l.errors} | {l.tokens_per_item:.0f} | "
+            f"{ratio(l.items_per_s, serve.get((l.items_per_request, l.concurrency)))} | {ratio(l.items_per_s, report.hf_items_per_s)} |"
         )
-    if report.hf_pairs_per_s:
-        lines.append(f"| HF transformers (offline, best batch) | - | - | {report.hf_pairs_per_s:,.0f} | - | - | - | 0 | - | - | 1.00x |")
+    if report.hf_items_per_s:
+        lines.append(f"| HF transformers (offline, best batch) | - | - | {report.hf_items_per_s:,.0f} | - | - | - | 0 | - | - | 1.00x |")
     return "\n".join(lines)
 
 
@@ -384,12 +273,12 @@ async def main_async(args: argparse.Namespace) -> Report:
     work.mkdir(parents=True, exist_ok=True)
     model = build_model(scenario, work / f"model-{scenario.name}")
     requests = make_requests(64, scenario.docs_per_request)
-    report = Report(asdict(scenario), conditions(scenario), tokens_per_pair(model, requests))
-    log(f"{scenario.name}: {report.tokens_per_pair:.0f} tokens/pair")
+    report = Report(asdict(scenario), conditions(), tokens_per_pair(model, requests))
+    log(f"{scenario.name}: {report.tokens_per_item:.0f} tokens/pair")
     systems = args.systems.split(",")
     docs_sweep = [int(d) for d in args.docs_sweep.split(",") if d]
     if "hf" in systems:
-        report.hf_pairs_per_s = bench_hf(model, scenario, requests)
+        report.hf_items_per_s = bench_hf(model, scenario, requests)
     if "grpc" in systems:
         report.levels += await bench_grpc(model, scenario, requests, work, docs_sweep)
     if "vllm" in systems:

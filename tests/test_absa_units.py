@@ -347,9 +347,9 @@ def wordpiece():
 
 @pytest.fixture(scope="module")
 def bpe(tmp_path_factory: pytest.TempPathFactory):
-    from scoring_server.demo.absa import _build_bpe_tokenizer
+    from scoring_server.demo.absa import build_bpe_tokenizer
 
-    return _build_bpe_tokenizer(tmp_path_factory.mktemp("bpe"))
+    return build_bpe_tokenizer(tmp_path_factory.mktemp("bpe"))
 
 
 @pytest.fixture(params=["wordpiece", "bpe"])

@@ -23,9 +23,29 @@ def test_rerank_bench_cpu_smoke(tmp_path: Path) -> None:
     report = json.loads(report_file.read_text())
     systems = {level["system"] for level in report["levels"]}
     assert systems == {"grpc (ours)", "vllm serve /rerank"}
-    assert report["hf_pairs_per_s"] > 0
+    assert report["hf_items_per_s"] > 0
     for level in report["levels"]:
         assert level["errors"] == 0 and level["requests"] > 0
         # both servers did the same work: within 5% of the tokens per pair
-        assert abs(level["tokens_per_pair"] - report["tokens_per_pair"]) < 0.05 * report["tokens_per_pair"]
+        assert abs(level["tokens_per_item"] - report["tokens_per_item"]) < 0.05 * report["tokens_per_item"]
     assert (out / report_file.name.replace(".json", ".md")).exists()
+
+
+def test_absa_bench_cpu_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "absa.py"), "--cpu-smoke",
+         "--out", str(out), "--work", str(tmp_path / "work")],
+        capture_output=True, text=True, timeout=1200, env=tool_env(),
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    (report_file,) = out.glob("absa-*.json")
+    report = json.loads(report_file.read_text())
+    systems = {level["system"] for level in report["levels"]}
+    assert systems == {"grpc (ours)", "vllm serve /pooling + plugin", "vllm serve /classify (stock, sentiment only)"}
+    assert report["hf_items_per_s"] > 0
+    for level in report["levels"]:
+        assert level["errors"] == 0 and level["requests"] > 0
+        # every system served the same pairs: within 5% of the tokens per pair
+        assert abs(level["tokens_per_item"] - report["tokens_per_item"]) < 0.05 * report["tokens_per_item"]
+    assert "| grpc (ours) | 1 |" in done.stdout

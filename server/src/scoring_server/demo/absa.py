@@ -5,6 +5,7 @@ byte-level BPE tokenizer, so offsets are exercised with both tokenizer families.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -35,7 +36,7 @@ def build_absa_bert(target: Path) -> None:
 
 
 def build_absa_modernbert(target: Path) -> None:
-    tokenizer = _build_bpe_tokenizer(target)
+    tokenizer = build_bpe_tokenizer(target)
     config = ModernBertConfig(
         vocab_size=len(tokenizer),
         hidden_size=128,
@@ -63,7 +64,7 @@ def _label2id() -> dict[str, int]:
     return {label: i for i, label in LABELS.items()}
 
 
-def _build_bpe_tokenizer(target: Path) -> PreTrainedTokenizerFast:
+def build_bpe_tokenizer(target: Path, extra_corpus: Sequence[str] = ()) -> PreTrainedTokenizerFast:
     """ModernBERT's tokenizer family: byte-level BPE with a [CLS] a [SEP] b [SEP] template."""
     tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -71,7 +72,7 @@ def _build_bpe_tokenizer(target: Path) -> PreTrainedTokenizerFast:
     trainer = trainers.BpeTrainer(
         vocab_size=800, special_tokens=_SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
-    tokenizer.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    tokenizer.train_from_iterator([*_CORPUS, *extra_corpus] * 4, trainer=trainer)
     cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",

@@ -1,0 +1,338 @@
+"""ABSA benchmark: our gRPC server vs `vllm serve` with our plugin (/pooling, both heads) vs stock
+`vllm serve` /classify (the same encoder as a plain sequence classifier: sentiment only, no
+spans: less work than ours) vs Hugging Face, one run.
+
+Same model shape (ModernBERT-large: 28 layers, hidden 1024, local + global attention; random
+weights: speed does not depend on weight values), same generated pairs (aspects of 1-2 words,
+reviews of 30-90 words; the bench tokenizer knows each word as one token), 8 pairs per request,
+same dtype, same GPU. Closed-loop load (see harness.py).
+
+    python bench/absa.py --out bench/results                      # GPU, bf16
+    python bench/absa.py --scenario fp32 --out bench/results      # GPU, fp32 (eager)
+    python bench/absa.py --cpu-smoke --out /tmp/bench             # CPU: harness check only
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness import (
+    Level,
+    closed_loop,
+    conditions,
+    free_port,
+    grpc_serving,
+    log,
+    ratio,
+    start,
+    stop,
+    vllm_serve_command,
+    wait_ready,
+)
+
+WORDS = (
+    "food service wait price room staff view coffee table music menu dessert portion bread "
+    "was were very quite too really not never always great good fine slow cold warm fresh "
+    "friendly rude clean noisy cheap expensive long short and but the a of for with at our"
+).split()
+Pairs = list[tuple[str, str]]
+
+
+@dataclass
+class Scenario:
+    name: str
+    dtype: str
+    hidden_size: int
+    layers: int
+    heads: int
+    intermediate: int
+    pairs_per_request: int
+    concurrency: list[int]
+    seconds_per_level: float
+    enforce_eager: bool
+    gpu_memory_utilization: float
+    hf_batch: int
+
+
+SCENARIOS = {
+    "bf16": Scenario("modernbert-large-shaped", "bfloat16", 1024, 28, 16, 2624, 8, [1, 8, 32], 15.0, False, 0.3, 128),
+    "fp32": Scenario("modernbert-large-shaped", "float32", 1024, 28, 16, 2624, 8, [1, 8, 32], 15.0, True, 0.3, 64),
+}
+CPU_SMOKE = Scenario("modernbert-tiny", "float32", 128, 3, 2, 192, 4, [1, 2], 2.0, True, 0.05, 8)
+
+
+@dataclass
+class Report:
+    scenario: dict[str, Any]
+    conditions: dict[str, Any]
+    tokens_per_item: float
+    levels: list[Level] = field(default_factory=list)
+    hf_items_per_s: float | None = None
+
+
+def build_models(scenario: Scenario, work: Path) -> tuple[Path, Path]:
+    """The ABSA checkpoint (both heads) and a sequence-classification twin of its encoder."""
+    import torch
+    from transformers import ModernBertConfig, ModernBertForSequenceClassification
+
+    from scoring_plugin.reference.absa import ModernBertForAspectSentiment
+    from scoring_server.demo.absa import LABELS, build_bpe_tokenizer
+
+    absa, twin = work / f"absa-{scenario.name}-{scenario.dtype}", work / f"cls-{scenario.name}-{scenario.dtype}"
+    if (absa / "config.json").exists() and (twin / "config.json").exists():
+        return absa, twin
+    tokenizer = build_bpe_tokenizer(absa, extra_corpus=[" ".join(WORDS)] * 8)
+    tokenizer.save_pretrained(twin)
+    config = ModernBertConfig(
+        vocab_size=50368,  # the real model's embedding size; rows past the tokenizer go unused
+        hidden_size=scenario.hidden_size,
+        intermediate_size=scenario.intermediate,
+        num_hidden_layers=scenario.layers,
+        num_attention_heads=scenario.heads,
+        max_position_embeddings=1024,
+        global_attn_every_n_layers=3,
+        local_attention=128,
+        num_labels=len(LABELS),
+        id2label=LABELS,
+        label2id={v: k for k, v in LABELS.items()},
+        pad_token_id=tokenizer.pad_token_id,
+        cls_token_id=tokenizer.cls_token_id,
+        sep_token_id=tokenizer.sep_token_id,
+        bos_token_id=None,
+        eos_token_id=None,
+        classifier_pooling="cls",
+    )
+    dtype = getattr(torch, scenario.dtype)
+    torch.manual_seed(0)
+    ModernBertForAspectSentiment(config).to(dtype).save_pretrained(absa)
+    ModernBertForSequenceClassification(config).to(dtype).save_pretrained(twin)
+    return absa, twin
+
+
+def make_requests(n: int, pairs: int, seed: int = 0) -> list[Pairs]:
+    rng = random.Random(seed)
+
+    def text(lo: int, hi: int) -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
+
+    return [[(text(1, 2), text(30, 90)) for _ in range(pairs)] for _ in range(n)]
+
+
+def tokens_per_pair(model: Path, requests: list[Pairs]) -> float:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    return statistics.mean(len(tokenizer(a, r)["input_ids"]) for pairs in requests[:20] for a, r in pairs)
+
+
+async def drive(system: str, send, requests: list[Pairs], scenario: Scenario) -> list[Level]:  # type: ignore[no-untyped-def]
+    n = scenario.pairs_per_request
+    log(f"{system}: warm-up")
+    await closed_loop(send, requests, n, max(scenario.concurrency), min(5.0, scenario.seconds_per_level), system + "-warmup")
+    return [await closed_loop(send, requests, n, c, scenario.seconds_per_level, system) for c in scenario.concurrency]
+
+
+async def bench_grpc(model: Path, scenario: Scenario, requests: list[Pairs], work: Path) -> list[Level]:
+    import grpc
+    import yaml
+
+    from scoring.v1 import absa_pb2, absa_pb2_grpc
+
+    port = free_port()
+    config = work / "absa-grpc-server.yaml"
+    engine_args: dict[str, Any] = {"enforce_eager": scenario.enforce_eager}
+    if scenario is CPU_SMOKE:
+        engine_args["kv_cache_memory_bytes"] = 64 * 1024 * 1024
+    config.write_text(yaml.safe_dump({"port": port, "host": "127.0.0.1", "models": [{
+        "name": "absa", "kind": "absa", "path": str(model), "dtype": scenario.dtype,
+        "max_model_len": 512, "gpu_memory_utilization": scenario.gpu_memory_utilization,
+        "engine_args": engine_args,
+    }]}))
+    log("grpc: starting our server")
+    server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], work / "absa-grpc-server.log")
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            await wait_ready(grpc_serving(channel), server, work / "absa-grpc-server.log", "our server")
+            stub = absa_pb2_grpc.AbsaServiceStub(channel)
+
+            async def send(pairs: Pairs) -> int:
+                request = absa_pb2.AnalyzeRequest(pairs=[absa_pb2.AbsaPair(aspect=a, review=r) for a, r in pairs])
+                response = await stub.Analyze(request, timeout=60)
+                assert len(response.results) == len(pairs)
+                return response.usage.prompt_tokens
+
+            return await drive("grpc (ours)", send, requests, scenario)
+    finally:
+        stop(server)
+
+
+async def bench_http(
+    system: str, model: Path, scenario: Scenario, requests: list[Pairs], work: Path, extra: list[str], send_factory
+) -> list[Level]:  # type: ignore[no-untyped-def]
+    import aiohttp
+
+    port = free_port()
+    command = vllm_serve_command(model, "absa", scenario.dtype, port, "--max-model-len", "512",
+                                 "--gpu-memory-utilization", str(scenario.gpu_memory_utilization), *extra)
+    if scenario.enforce_eager:
+        command.append("--enforce-eager")
+    if scenario is CPU_SMOKE:
+        command += ["--kv-cache-memory-bytes", str(64 * 1024 * 1024)]
+    log_path = work / f"absa-{system.split()[-1].strip('/')}.log"
+    log(f"{system}: starting")
+    server = start(command, log_path)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256)) as session:
+
+            async def healthy() -> bool:
+                async with session.get(base + "/health") as r:
+                    return r.status == 200
+
+            await wait_ready(healthy, server, log_path, system)
+            return await drive(system, send_factory(session, base), requests, scenario)
+    finally:
+        stop(server)
+
+
+def plugin_pooling(session, base: str):  # type: ignore[no-untyped-def]
+    async def send(pairs: Pairs) -> int:
+        body = {"model": "absa", "data": {"pairs": [{"aspect": a, "review": r} for a, r in pairs]}}
+        async with session.post(base + "/pooling", json=body) as r:
+            payload = await r.json()
+            if r.status != 200:
+                raise RuntimeError(f"HTTP {r.status}: {payload}")
+            assert len(payload["data"]["results"]) == len(pairs)
+            return int(payload["data"]["prompt_tokens"])
+
+    return send
+
+
+def stock_classify(session, base: str):  # type: ignore[no-untyped-def]
+    async def send(pairs: Pairs) -> int:
+        # "[SEP]" is the tokenizer's special token: [CLS] aspect [SEP] review [SEP], as ours.
+        body = {"model": "absa", "input": [f"{a}[SEP]{r}" for a, r in pairs]}
+        async with session.post(base + "/classify", json=body) as r:
+            payload = await r.json()
+            if r.status != 200:
+                raise RuntimeError(f"HTTP {r.status}: {payload}")
+            assert len(payload["data"]) == len(pairs)
+            return int(payload.get("usage", {}).get("prompt_tokens", 0))
+
+    return send
+
+
+def bench_hf(model: Path, scenario: Scenario, requests: list[Pairs]) -> float:
+    """Transformers at its best: sorted by length (dynamic padding), large batches, no_grad,
+    both heads computed."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from scoring_plugin.reference.absa import ModernBertForAspectSentiment
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    net = ModernBertForAspectSentiment.from_pretrained(model, dtype=getattr(torch, scenario.dtype)).to(device).eval()
+    pairs = sorted((p for request in requests for p in request), key=lambda p: len(p[0]) + len(p[1]))
+
+    def run(limit: int) -> int:
+        done = 0
+        with torch.no_grad():
+            for i in range(0, min(limit, len(pairs)), scenario.hf_batch):
+                chunk = pairs[i : i + scenario.hf_batch]
+                enc = tokenizer([a for a, _ in chunk], [r for _, r in chunk], padding=True,
+                                return_tensors="pt", return_token_type_ids=False).to(device)
+                out = net(**enc)
+                torch.stack([out.start_logits, out.end_logits]).float().cpu()
+                done += len(chunk)
+        return done
+
+    run(scenario.hf_batch * 2)  # warm-up
+    if device == "cuda":
+        torch.cuda.synchronize()
+    began = time.perf_counter()
+    done = run(len(pairs))
+    if device == "cuda":
+        torch.cuda.synchronize()
+    rate = done / (time.perf_counter() - began)
+    log(f"hf transformers: {rate:,.0f} pairs/s (batch {scenario.hf_batch}, dynamic padding)")
+    return rate
+
+
+def table(report: Report) -> str:
+    def by(prefix: str) -> dict[int, float]:
+        return {l.concurrency: l.items_per_s for l in report.levels if l.system.startswith(prefix)}
+
+    plugin, stock = by("vllm serve /pooling"), by("vllm serve /classify")
+    lines = [
+        f"ABSA, {report.scenario['name']}, {report.scenario['dtype']}, {report.tokens_per_item:.0f} tokens/pair, "
+        f"{report.scenario['pairs_per_request']} pairs/request, closed loop, {report.conditions['device']}",
+        "",
+        "| system | concurrency | pairs/s | p50 ms | p95 ms | p99 ms | errors | tokens/pair served | vs vllm serve + plugin | vs stock /classify | vs HF best |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for l in report.levels:
+        lines.append(
+            f"| {l.system} | {l.concurrency} | {l.items_per_s:,.0f} | {l.p50_ms:.1f} | {l.p95_ms:.1f} | {l.p99_ms:.1f} | "
+            f"{l.errors} | {l.tokens_per_item:.0f} | {ratio(l.items_per_s, plugin.get(l.concurrency))} | "
+            f"{ratio(l.items_per_s, stock.get(l.concurrency))} | {ratio(l.items_per_s, report.hf_items_per_s)} |"
+        )
+    if report.hf_items_per_s:
+        lines.append(f"| HF transformers (offline, best batch, both heads) | - | {report.hf_items_per_s:,.0f} | - | - | - | 0 | - | - | - | 1.00x |")
+    return "\n".join(lines)
+
+
+async def main_async(args: argparse.Namespace) -> Report:
+    scenario = CPU_SMOKE if args.cpu_smoke else SCENARIOS[args.scenario]
+    if args.seconds_per_level:
+        scenario.seconds_per_level = args.seconds_per_level
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    absa, twin = build_models(scenario, work)
+    requests = make_requests(64, scenario.pairs_per_request)
+    report = Report(asdict(scenario), conditions(), tokens_per_pair(absa, requests))
+    log(f"{scenario.name} {scenario.dtype}: {report.tokens_per_item:.0f} tokens/pair")
+    systems = args.systems.split(",")
+    if "hf" in systems:
+        report.hf_items_per_s = bench_hf(absa, scenario, requests)
+    if "grpc" in systems:
+        report.levels += await bench_grpc(absa, scenario, requests, work)
+    if "plugin" in systems:
+        report.levels += await bench_http("vllm serve /pooling + plugin", absa, scenario, requests, work,
+                                          ["--io-processor-plugin", "absa"], plugin_pooling)
+    if "classify" in systems:
+        report.levels += await bench_http("vllm serve /classify (stock, sentiment only)", twin, scenario, requests,
+                                          work, [], stock_classify)
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cpu-smoke", action="store_true")
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="bf16")
+    parser.add_argument("--systems", default="hf,grpc,plugin,classify")
+    parser.add_argument("--seconds-per-level", type=float, help="override the scenario's")
+    parser.add_argument("--work", default="/tmp/scoring-bench")
+    parser.add_argument("--out", default="bench/results")
+    args = parser.parse_args()
+    report = asyncio.run(main_async(args))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"absa-{report.scenario['name']}-{report.scenario['dtype']}"
+    (out / f"{stem}.json").write_text(json.dumps(asdict(report), indent=2))
+    text = table(report)
+    (out / f"{stem}.md").write_text(text + "\n\nConditions: " + json.dumps(report.conditions) + "\n")
+    print(text, flush=True)
+
+
+if __name__ == "__main__":
+    main()
