@@ -110,6 +110,14 @@ def test_absa_calls_move_the_same_metrics(demo_server: RunningServer, channel: g
     assert delta("scoring_stage_duration_seconds_count", model="absa-modernbert", stage="engine") == 1
     trailing = dict(call.trailing_metadata())
     assert float(trailing["x-total-time-ms"]) == pytest.approx(response.timings.total_ms, abs=1e-3)
+    # The response's timings and the stage histograms measure the same intervals.
+    def stage_ms(stage: str) -> float:
+        return delta("scoring_stage_duration_seconds_sum", model="absa-modernbert", stage=stage) * 1e3
+
+    timings = response.timings
+    assert stage_ms("parse") + stage_ms("preprocess") == pytest.approx(timings.queue_ms, abs=0.01)
+    assert stage_ms("engine") == pytest.approx(timings.inference_ms, abs=0.01)
+    assert stage_ms("postprocess") == pytest.approx(timings.postprocess_ms, abs=0.01)
     (info,) = [l for l, _ in _samples(after, "scoring_model_info") if l["model"] == "absa-modernbert"]
     assert info["kind"] == "absa" and info["architecture"] == "ModernBertForAspectSentiment"
 
