@@ -3,6 +3,9 @@ package dev.scoring.client;
 import com.google.common.util.concurrent.FutureCallback;
 import com.google.common.util.concurrent.Futures;
 import com.google.common.util.concurrent.MoreExecutors;
+import dev.scoring.v1.AbsaItem;
+import dev.scoring.v1.AbsaServiceGrpc;
+import dev.scoring.v1.AnalyzeRequest;
 import dev.scoring.v1.GetInfoRequest;
 import dev.scoring.v1.GetInfoResponse;
 import dev.scoring.v1.InfoServiceGrpc;
@@ -12,7 +15,9 @@ import dev.scoring.v1.RerankResponse;
 import dev.scoring.v1.RerankServiceGrpc;
 import io.grpc.ManagedChannel;
 import io.grpc.ManagedChannelBuilder;
+import io.grpc.Metadata;
 import io.grpc.StatusRuntimeException;
+import io.grpc.stub.MetadataUtils;
 import java.time.Duration;
 import java.util.Arrays;
 import java.util.HashMap;
@@ -37,6 +42,7 @@ public final class ScoringClient implements AutoCloseable {
   private final RerankServiceGrpc.RerankServiceBlockingStub rerankBlocking;
   private final RerankServiceGrpc.RerankServiceFutureStub rerankFuture;
   private final InfoServiceGrpc.InfoServiceBlockingStub info;
+  private final AbsaServiceGrpc.AbsaServiceBlockingStub absa;
 
   private ScoringClient(Builder builder) {
     ManagedChannelBuilder<?> channelBuilder =
@@ -47,11 +53,19 @@ public final class ScoringClient implements AutoCloseable {
     if (builder.plaintext) {
       channelBuilder.usePlaintext();
     }
+    if (builder.bearerToken != null) {
+      Metadata headers = new Metadata();
+      headers.put(
+          Metadata.Key.of("authorization", Metadata.ASCII_STRING_MARSHALLER),
+          "Bearer " + builder.bearerToken);
+      channelBuilder.intercept(MetadataUtils.newAttachHeadersInterceptor(headers));
+    }
     this.channel = channelBuilder.build();
     this.deadline = builder.deadline;
     this.rerankBlocking = RerankServiceGrpc.newBlockingStub(channel);
     this.rerankFuture = RerankServiceGrpc.newFutureStub(channel);
     this.info = InfoServiceGrpc.newBlockingStub(channel);
+    this.absa = AbsaServiceGrpc.newBlockingStub(channel);
   }
 
   public static Builder builder() {
@@ -94,6 +108,20 @@ public final class ScoringClient implements AutoCloseable {
         },
         MoreExecutors.directExecutor());
     return result;
+  }
+
+  /** Aspect sentiment for each aspect of one review, in the order given. */
+  public AnalyzeResult analyze(String review, List<String> aspects) {
+    return analyze(
+        AnalyzeRequest.newBuilder()
+            .addItems(AbsaItem.newBuilder().setReview(review).addAllAspects(aspects))
+            .build());
+  }
+
+  /** The full request: several items and (aspect, review) pairs, a model, truncation. */
+  public AnalyzeResult analyze(AnalyzeRequest request) {
+    return new AnalyzeResult(
+        blocking(() -> absa.withDeadlineAfter(deadline.toMillis(), TimeUnit.MILLISECONDS).analyze(request)));
   }
 
   public GetInfoResponse info() {
@@ -150,6 +178,7 @@ public final class ScoringClient implements AutoCloseable {
         "name",
         Arrays.asList(
             Map.of("service", "scoring.v1.RerankService"),
+            Map.of("service", "scoring.v1.AbsaService"),
             Map.of("service", "scoring.v1.InfoService")));
     methodConfig.put("retryPolicy", retryPolicy);
     return Map.of("methodConfig", Arrays.asList(methodConfig));
@@ -163,6 +192,7 @@ public final class ScoringClient implements AutoCloseable {
     private int maxAttempts = 4;
     private Duration initialBackoff = Duration.ofMillis(100);
     private int maxMessageBytes = 16 * 1024 * 1024;
+    private String bearerToken;
 
     public Builder target(String target) {
       this.target = target;
@@ -174,7 +204,7 @@ public final class ScoringClient implements AutoCloseable {
       return this;
     }
 
-    /** TLS instead of plaintext (the server's TLS support comes with the security issue). */
+    /** TLS instead of plaintext (the JVM's trust store verifies the server's certificate). */
     public Builder useTransportSecurity() {
       this.plaintext = false;
       return this;
@@ -188,6 +218,12 @@ public final class ScoringClient implements AutoCloseable {
 
     public Builder initialBackoff(Duration initialBackoff) {
       this.initialBackoff = initialBackoff;
+      return this;
+    }
+
+    /** Sent as {@code authorization: Bearer <token>} on every call (servers with auth on). */
+    public Builder bearerToken(String token) {
+      this.bearerToken = token;
       return this;
     }
 

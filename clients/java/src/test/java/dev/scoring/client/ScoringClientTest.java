@@ -45,7 +45,7 @@ public class ScoringClientTest {
     String python = System.getProperty("scoring.python", "python3");
     File log = new File("target/scoring-server.log");
     List<String> command = new ArrayList<>(Arrays.asList(python, "-m", "scoring_server", "--demo",
-        "--demo-models", "minilm", "--host", "127.0.0.1", "--port", String.valueOf(port)));
+        "--demo-models", "minilm,absa-bert", "--host", "127.0.0.1", "--port", String.valueOf(port)));
     String demoDir = System.getProperty("scoring.demoDir");
     if (demoDir != null && !demoDir.isEmpty()) {
       command.addAll(Arrays.asList("--demo-dir", demoDir));
@@ -168,6 +168,33 @@ public class ScoringClientTest {
       fail("nothing listens there");
     } catch (ScoringException e) {
       assertEquals(Status.Code.UNAVAILABLE, e.code());
+    }
+  }
+
+  @Test
+  public void analyzeJudgesEachAspectWithEvidenceInTheReview() {
+    String review = "The food was delicious but the wait was far too long.";
+    AnalyzeResult result = client.analyze(review, Arrays.asList("food", "wait"));
+    assertEquals("absa-bert", result.model);
+    assertEquals(2, result.results.size());
+    assertEquals("food", result.results.get(0).aspect);
+    assertEquals("wait", result.results.get(1).aspect);
+    for (AnalyzeResult.Judgement judged : result.results) {
+      assertTrue(judged.probabilities.containsKey(judged.label));
+      double total = judged.probabilities.values().stream().mapToDouble(Double::doubleValue).sum();
+      assertEquals(1.0, total, 1e-6);
+      if (judged.span != null) {
+        int from = review.offsetByCodePoints(0, judged.span.start);
+        int to = review.offsetByCodePoints(0, judged.span.end);
+        assertEquals(judged.span.text, review.substring(from, to));
+      }
+    }
+    try {
+      client.analyze(review, Arrays.asList(""));
+      fail("an empty aspect must be rejected");
+    } catch (ScoringException e) {
+      assertEquals(Status.Code.INVALID_ARGUMENT, e.code());
+      assertEquals(Collections.singletonList("items[0].aspects[0]"), e.fields());
     }
   }
 
