@@ -38,6 +38,7 @@ from harness import (
     vllm_serve_command,
     wait_ready,
 )
+from plot import render
 
 WORDS = (
     "food service wait price room staff view coffee table music menu dessert portion bread "
@@ -332,6 +333,7 @@ def main() -> None:
     text = table(report)
     (out / f"{stem}.md").write_text(text + "\n\nConditions: " + json.dumps(report.conditions) + "\n")
     print(text, flush=True)
+    print(f"plot: {render(out / f'{stem}.json')}", flush=True)
 
 
 if __name__ == "__main__":

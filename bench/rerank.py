@@ -40,6 +40,7 @@ from harness import (
     vllm_serve_command,
     wait_ready,
 )
+from plot import render
 
 WORDS = (
     "search rank query document relevance cafe coffee city travel price review food service "
@@ -302,6 +303,7 @@ def main() -> None:
     text = table(report)
     (out / f"{stem}.md").write_text(text + "\n\nConditions: " + json.dumps(report.conditions) + "\n")
     print(text, flush=True)
+    print(f"plot: {render(out / f'{stem}.json')}", flush=True)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ def test_rerank_bench_cpu_smoke(tmp_path: Path) -> None:
         # both servers did the same work: within 5% of the tokens per pair
         assert abs(level["tokens_per_item"] - report["tokens_per_item"]) < 0.05 * report["tokens_per_item"]
     assert (out / report_file.name.replace(".json", ".md")).exists()
+    assert (out / report_file.name.replace(".json", ".png")).stat().st_size > 10_000
 
 
 def test_absa_bench_cpu_smoke(tmp_path: Path) -> None:
@@ -49,3 +50,4 @@ def test_absa_bench_cpu_smoke(tmp_path: Path) -> None:
         # every system served the same pairs: within 5% of the tokens per pair
         assert abs(level["tokens_per_item"] - report["tokens_per_item"]) < 0.05 * report["tokens_per_item"]
     assert "| grpc (ours) | 1 |" in done.stdout
+    assert report_file.with_suffix(".png").stat().st_size > 10_000

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoTokenizer, BertModel, ModernBertModel
@@ -18,6 +19,7 @@ from transformers.models.modernbert.modeling_modernbert import ModernBertPreTrai
 from transformers.utils import ModelOutput
 
 from scoring_plugin.absa.heads import AbsaHeads
+from scoring_plugin.config_sections import as_dict
 from scoring_plugin.absa.settings import AbsaSettings
 from scoring_plugin.absa.spans import best_span, evidence_bounds
 
@@ -89,14 +91,21 @@ class AbsaReference:
 
     _CLASSES = {cls.__name__: cls for cls in (BertForAspectSentiment, ModernBertForAspectSentiment)}
 
-    def __init__(self, path: str | Path, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        dtype: torch.dtype = torch.float32,
+        hf_overrides: dict[str, Any] | None = None,
+    ) -> None:
+        """`hf_overrides` as the served model gets them, so thresholds and span limits set by a
+        deployment apply to the reference too."""
         config = AutoConfig.from_pretrained(path)
         architecture = (config.architectures or [""])[0]
         if architecture not in self._CLASSES:
             raise ValueError(f"not an ABSA checkpoint: architectures={config.architectures}")
         self.model = self._CLASSES[architecture].from_pretrained(path, dtype=dtype).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.settings = AbsaSettings.from_hf_config(config)
+        self.settings = AbsaSettings.from_hf_config({**as_dict(config), **(hf_overrides or {})})
 
     @torch.no_grad()
     def analyze(self, pairs: list[tuple[str, str]], batch_size: int = 32) -> list[ReferenceJudgement]:

@@ -71,7 +71,9 @@ async def absa_report(
     settings: ModelSettings, rows: list[dict[str, Any]], dtype: str
 ) -> dict[str, Any]:
     pairs = read_pairs(rows)
-    reference = [Judgement.of_reference(j) for j in AbsaReference(settings.path).analyze(pairs)]
+    served = settings.effective_hf_overrides()
+    reference_model = AbsaReference(settings.path, hf_overrides=served)
+    reference = [Judgement.of_reference(j) for j in reference_model.analyze(pairs)]
     async with started(settings.model_copy(update={"dtype": "float32"})) as fp32:
         batched = await _plugin(fp32, pairs, batched=True)
         single = await _plugin(fp32, pairs, batched=False)
