@@ -46,6 +46,22 @@ def test_absa_parity_report(tmp_path: Path, demo_models: dict[str, object], mode
     bf16 = report["fp32_vs_bfloat16"]  # reported, not gated: random weights give close calls
     assert bf16["pairs"] == PAIRS and bf16["labels_match"] >= 0.8 * PAIRS
     assert f"labels_match           {PAIRS}/{PAIRS}" in printed
+    assert len(report["plugin_labels_fp32"]) >= 2  # random weights still spread over labels
+
+
+def test_thresholds_from_config_apply_on_both_sides(tmp_path: Path, demo_models: dict[str, object]) -> None:
+    """Per-label thresholds (a deployment override) change the served labels, and the reference
+    applies the same rule: every label still matches."""
+    overrides = {"scoring_absa_overrides": {
+        "thresholds": {"positive": 0.999, "negative": 0.999}, "fallback_label": "neutral"}}
+    pairs = 120
+    report, _ = _run(
+        tmp_path, demo_models["absa-bert"].path, sample_absa_pairs(pairs, seed=3),
+        "--hf-overrides", json.dumps(overrides),
+    )
+    assert report["reference_vs_plugin_fp32"]["labels_match"] == pairs
+    labels = report["plugin_labels_fp32"]
+    assert labels.get("neutral", 0) >= 0.95 * pairs, labels
 
 
 def test_rerank_parity_report(tmp_path: Path, demo_models: dict[str, object]) -> None:

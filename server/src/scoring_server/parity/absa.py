@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,6 +81,8 @@ async def absa_report(
     report: dict[str, Any] = {
         "reference_vs_plugin_fp32": compare(reference, batched),
         "single_vs_batched_fp32": compare(batched, single),
+        # How the served model labels these inputs (thresholds from config included).
+        "plugin_labels_fp32": dict(sorted(Counter(j.label for j in batched).items())),
     }
     if dtype != "float32":
         async with started(settings.model_copy(update={"dtype": dtype})) as served:
