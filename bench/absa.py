@@ -16,29 +16,30 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import statistics
 import sys
-import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from harness import (
     Level,
+    Report,
     closed_loop,
     conditions,
     free_port,
     grpc_serving,
     log,
+    offline_rate,
     ratio,
     start,
     stop,
     vllm_serve_command,
     wait_ready,
+    write_results,
 )
-from plot import render
 
 WORDS = (
     "food service wait price room staff view coffee table music menu dessert portion bread "
@@ -69,15 +70,6 @@ SCENARIOS = {
     "fp32": Scenario("modernbert-large-shaped", "float32", 1024, 28, 16, 2624, 8, [1, 8, 32], 15.0, True, 0.3, 64),
 }
 CPU_SMOKE = Scenario("modernbert-tiny", "float32", 128, 3, 2, 192, 4, [1, 2], 2.0, True, 0.05, 8)
-
-
-@dataclass
-class Report:
-    scenario: dict[str, Any]
-    conditions: dict[str, Any]
-    tokens_per_item: float
-    levels: list[Level] = field(default_factory=list)
-    hf_items_per_s: float | None = None
 
 
 def build_models(scenario: Scenario, work: Path) -> tuple[Path, Path]:
@@ -245,28 +237,13 @@ def bench_hf(model: Path, scenario: Scenario, requests: list[Pairs]) -> float:
     net = ModernBertForAspectSentiment.from_pretrained(model, dtype=getattr(torch, scenario.dtype)).to(device).eval()
     pairs = sorted((p for request in requests for p in request), key=lambda p: len(p[0]) + len(p[1]))
 
-    def run(limit: int) -> int:
-        done = 0
-        with torch.no_grad():
-            for i in range(0, min(limit, len(pairs)), scenario.hf_batch):
-                chunk = pairs[i : i + scenario.hf_batch]
-                enc = tokenizer([a for a, _ in chunk], [r for _, r in chunk], padding=True,
-                                return_tensors="pt", return_token_type_ids=False).to(device)
-                out = net(**enc)
-                torch.stack([out.start_logits, out.end_logits]).float().cpu()
-                done += len(chunk)
-        return done
+    def forward(chunk: Sequence[tuple[str, str]]) -> None:
+        enc = tokenizer([a for a, _ in chunk], [r for _, r in chunk], padding=True,
+                        return_tensors="pt", return_token_type_ids=False).to(device)
+        out = net(**enc)
+        torch.stack([out.start_logits, out.end_logits]).float().cpu()
 
-    run(scenario.hf_batch * 2)  # warm-up
-    if device == "cuda":
-        torch.cuda.synchronize()
-    began = time.perf_counter()
-    done = run(len(pairs))
-    if device == "cuda":
-        torch.cuda.synchronize()
-    rate = done / (time.perf_counter() - began)
-    log(f"hf transformers: {rate:,.0f} pairs/s (batch {scenario.hf_batch}, dynamic padding)")
-    return rate
+    return offline_rate(forward, pairs, scenario.hf_batch)
 
 
 def table(report: Report) -> str:
@@ -326,15 +303,8 @@ def main() -> None:
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
     report = asyncio.run(main_async(args))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     stem = f"absa-{report.scenario['name']}-{report.scenario['dtype']}"
-    (out / f"{stem}.json").write_text(json.dumps(asdict(report), indent=2))
-    text = table(report)
-    (out / f"{stem}.md").write_text(text + "\n\nConditions: " + json.dumps(report.conditions) + "\n")
-    print(text, flush=True)
-    print(f"plot: {render(out / f'{stem}.json')}", flush=True)
-
+    write_results(Path(args.out), stem, report, table(report))
 
 if __name__ == "__main__":
     main()

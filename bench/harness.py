@@ -8,6 +8,7 @@ fixed time per concurrency level. Errors are counted and reported, never hidden.
 from __future__ import annotations
 
 import asyncio
+import json
 import platform
 import signal
 import socket
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,15 @@ class Level:
     p99_ms: float
     errors: int
     tokens_per_item: float
+
+
+@dataclass
+class Report:
+    scenario: dict[str, Any]
+    conditions: dict[str, Any]
+    tokens_per_item: float
+    levels: list[Level] = field(default_factory=list)
+    hf_items_per_s: float | None = None
 
 
 def log(message: str) -> None:
@@ -155,3 +165,40 @@ def conditions() -> dict[str, Any]:
 
 def ratio(value: float, baseline: float | None) -> str:
     return f"{value / baseline:.2f}x" if baseline else "-"
+
+
+def offline_rate(forward: Callable[[Sequence[Any]], None], items: Sequence[Any], batch: int) -> float:
+    """Items per second through `forward(chunk)` over all of `items` in chunks of `batch`, after
+    a two-batch warm-up; the GPU is synchronised around the timed run."""
+    import torch
+
+    def run(limit: int) -> int:
+        done = 0
+        with torch.no_grad():
+            for i in range(0, min(limit, len(items)), batch):
+                chunk = items[i : i + batch]
+                forward(chunk)
+                done += len(chunk)
+        return done
+
+    run(batch * 2)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    began = time.perf_counter()
+    done = run(len(items))
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    rate = done / (time.perf_counter() - began)
+    log(f"hf transformers: {rate:,.0f} items/s (batch {batch}, dynamic padding)")
+    return rate
+
+
+def write_results(out: Path, stem: str, report: Report, table: str) -> None:
+    """JSON, Markdown (with the conditions) and a plot under `out`; the table on stdout."""
+    from plot import render
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(asdict(report), indent=2))
+    (out / f"{stem}.md").write_text(table + "\n\nConditions: " + json.dumps(report.conditions) + "\n")
+    print(table, flush=True)
+    print(f"plot: {render(out / f'{stem}.json')}", flush=True)

@@ -18,29 +18,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import statistics
 import sys
-import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from harness import (
     Level,
+    Report,
     closed_loop,
     conditions,
     free_port,
     grpc_serving,
     log,
+    offline_rate,
     ratio,
     start,
     stop,
     vllm_serve_command,
     wait_ready,
+    write_results,
 )
-from plot import render
 
 WORDS = (
     "search rank query document relevance cafe coffee city travel price review food service "
@@ -69,15 +69,6 @@ class Scenario:
 
 GPU = Scenario("qwen3-0.6b-shaped", "bfloat16", 1024, 28, 16, 8, 128, 3072, 20, [1, 16, 64], 15.0, False, 0.5, 128)
 CPU_SMOKE = Scenario("qwen3-tiny", "float32", 64, 2, 2, 1, 32, 128, 4, [1, 2], 2.0, True, 0.05, 8)
-
-
-@dataclass
-class Report:
-    scenario: dict[str, Any]
-    conditions: dict[str, Any]
-    tokens_per_item: float
-    levels: list[Level] = field(default_factory=list)
-    hf_items_per_s: float | None = None
 
 
 def build_model(scenario: Scenario, target: Path) -> Path:
@@ -227,25 +218,12 @@ def bench_hf(model: Path, scenario: Scenario, requests) -> float:  # type: ignor
     tokenizer = AutoTokenizer.from_pretrained(model)
     net = Qwen3ForSequenceClassification.from_pretrained(model, dtype=getattr(torch, scenario.dtype)).to(device).eval()
     pairs = sorted(((q, d) for q, docs in requests for d in docs), key=lambda p: len(p[0]) + len(p[1]))
-    def run(limit: int) -> int:
-        done = 0
-        with torch.no_grad():
-            for i in range(0, min(limit, len(pairs)), scenario.hf_batch):
-                chunk = pairs[i : i + scenario.hf_batch]
-                enc = tokenizer([q for q, _ in chunk], [d for _, d in chunk], padding=True, return_tensors="pt").to(device)
-                net(**enc).logits.float().cpu()
-                done += len(chunk)
-        return done
-    run(scenario.hf_batch * 2)  # warm-up
-    if device == "cuda":
-        torch.cuda.synchronize()
-    began = time.perf_counter()
-    done = run(len(pairs))
-    if device == "cuda":
-        torch.cuda.synchronize()
-    rate = done / (time.perf_counter() - began)
-    log(f"hf transformers: {rate:,.0f} pairs/s (batch {scenario.hf_batch}, dynamic padding)")
-    return rate
+
+    def forward(chunk: Sequence[tuple[str, str]]) -> None:
+        enc = tokenizer([q for q, _ in chunk], [d for _, d in chunk], padding=True, return_tensors="pt").to(device)
+        net(**enc).logits.float().cpu()
+
+    return offline_rate(forward, pairs, scenario.hf_batch)
 
 
 def table(report: Report) -> str:
@@ -296,15 +274,8 @@ def main() -> None:
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
     report = asyncio.run(main_async(args))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     stem = f"rerank-{report.scenario['name']}-{report.scenario['dtype']}"
-    (out / f"{stem}.json").write_text(json.dumps(asdict(report), indent=2))
-    text = table(report)
-    (out / f"{stem}.md").write_text(text + "\n\nConditions: " + json.dumps(report.conditions) + "\n")
-    print(text, flush=True)
-    print(f"plot: {render(out / f'{stem}.json')}", flush=True)
-
+    write_results(Path(args.out), stem, report, table(report))
 
 if __name__ == "__main__":
     main()

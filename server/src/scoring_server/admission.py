@@ -18,8 +18,7 @@ from scoring_server.errors import ServiceError
 
 class Overloaded(ServiceError):
     def __init__(self, message: str, retry_after_s: float) -> None:
-        super().__init__(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
-        self.retry_after_s = retry_after_s
+        super().__init__(grpc.StatusCode.RESOURCE_EXHAUSTED, message, retry_after_s=retry_after_s)
 
 
 class Admission:

@@ -29,10 +29,18 @@ logger = logging.getLogger(__name__)
 class ServiceError(Exception):
     """An error whose code and message are safe to show the caller."""
 
-    def __init__(self, code: grpc.StatusCode, message: str, field: str | None = None) -> None:
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        message: str,
+        field: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.field = field
+        # Set: the caller may retry after this long (sent as google.rpc.RetryInfo).
+        self.retry_after_s = retry_after_s
 
 
 def status_for(exc: BaseException) -> status_pb2.Status:
@@ -45,10 +53,9 @@ def status_for(exc: BaseException) -> status_pb2.Status:
     if isinstance(exc, ServiceError):
         violations = [(exc.field, str(exc))] if exc.field else []
         status = _status(exc.code.value[0], str(exc), violations)
-        retry_after_s = getattr(exc, "retry_after_s", None)
-        if retry_after_s is not None:
+        if exc.retry_after_s is not None:
             retry = error_details_pb2.RetryInfo()
-            retry.retry_delay.FromTimedelta(timedelta(seconds=retry_after_s))
+            retry.retry_delay.FromTimedelta(timedelta(seconds=exc.retry_after_s))
             detail = any_pb2.Any()
             detail.Pack(retry)
             status.details.append(detail)

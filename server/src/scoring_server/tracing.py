@@ -16,7 +16,6 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.propagate import extract, inject
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
@@ -102,7 +101,3 @@ def engine_trace_headers() -> dict[str, str] | None:
     carrier: dict[str, str] = {}
     inject(carrier)
     return carrier or None
-
-
-def current_context() -> otel_context.Context:
-    return otel_context.get_current()

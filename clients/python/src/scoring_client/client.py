@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import grpc
 from google.rpc import error_details_pb2
@@ -127,6 +127,18 @@ def _timings(timings: common_pb2.Timings) -> dict[str, float]:
     }
 
 
+def _set_model_and_truncation(
+    request: Any, model: str | None, truncate: str | None, max_tokens: int | None
+) -> None:
+    """The request fields every scoring RPC shares."""
+    if model is not None:
+        request.model = model
+    if truncate is not None:
+        request.truncation.side = _SIDES[truncate]
+        if max_tokens is not None:
+            request.truncation.max_tokens = max_tokens
+
+
 class ScoringClient:
     def __init__(
         self,
@@ -200,12 +212,7 @@ class ScoringClient:
                 item.id = ids[i]
         if top_n is not None:
             request.top_n = top_n
-        if model is not None:
-            request.model = model
-        if truncate is not None:
-            request.truncation.side = _SIDES[truncate]
-            if max_tokens is not None:
-                request.truncation.max_tokens = max_tokens
+        _set_model_and_truncation(request, model, truncate, max_tokens)
         response = self._call(self.rerank_stub.Rerank, request, timeout)
         return RerankResult(
             hits=[
@@ -243,12 +250,7 @@ class ScoringClient:
             request.items.add(review=review, aspects=list(aspects))
         for aspect, review in pairs:
             request.pairs.add(aspect=aspect, review=review)
-        if model is not None:
-            request.model = model
-        if truncate is not None:
-            request.truncation.side = _SIDES[truncate]
-            if max_tokens is not None:
-                request.truncation.max_tokens = max_tokens
+        _set_model_and_truncation(request, model, truncate, max_tokens)
         response = self._call(self.absa_stub.Analyze, request, timeout)
         return AnalyzeResult(
             results=[

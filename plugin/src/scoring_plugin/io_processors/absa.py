@@ -13,11 +13,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import TypeAdapter, ValidationError
 from vllm.config import VllmConfig
 from vllm.inputs import TokensPrompt
 from vllm.outputs import PoolingRequestOutput
-from vllm.plugins.io_processors.interface import IOProcessor
 from vllm.pooling_params import PoolingParams
 from vllm.renderers import BaseRenderer
 
@@ -34,11 +32,9 @@ from scoring_plugin.absa.types import (
     flatten,
 )
 from scoring_plugin.errors import FieldViolation, InvalidInputError, NonFiniteOutputError
+from scoring_plugin.io_processors.base import ScoringIOProcessor
 from scoring_plugin.io_processors.engine_request import EngineRequest
 from scoring_plugin.models.absa import ABSA_TASK
-from scoring_plugin.state_cache import RequestStateCache
-
-_INPUT_ADAPTER = TypeAdapter(AbsaInput)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,35 +45,19 @@ class _RequestState:
     prompt_of_pair: list[int]
 
 
-class AbsaIOProcessor(IOProcessor[AbsaInput, AbsaOutput]):
+class AbsaIOProcessor(ScoringIOProcessor[AbsaInput, AbsaOutput, _RequestState]):
+    input_type = AbsaInput
+
     def __init__(self, vllm_config: VllmConfig, renderer: BaseRenderer) -> None:
         super().__init__(vllm_config, renderer)
         model_config = vllm_config.model_config
         self.settings = AbsaSettings.from_hf_config(model_config.hf_config)
         self.max_model_len = int(model_config.max_model_len)
         self._encoder = PairEncoder(renderer.get_tokenizer(), self.max_model_len)
-        self._states: RequestStateCache[_RequestState] = RequestStateCache()
-
-    @property
-    def pending_states(self) -> int:
-        """Request states not yet popped; zero whenever no request is in flight."""
-        return len(self._states)
 
     # ------------------------------------------------------------------ input
 
-    def parse_data(self, data: object) -> AbsaInput:
-        if isinstance(data, AbsaInput):
-            request = data
-        else:
-            try:
-                request = _INPUT_ADAPTER.validate_python(data)
-            except ValidationError as exc:
-                raise InvalidInputError.from_validation(exc) from None
-        self.validate(request)
-        return request
-
     def validate(self, request: AbsaInput) -> None:
-        """Checks that need no tokenizer; token limits are checked while planning."""
         limits = self.settings
         violations: list[FieldViolation] = []
         for i, item in enumerate(request.items):
@@ -118,11 +98,7 @@ class AbsaIOProcessor(IOProcessor[AbsaInput, AbsaOutput]):
             EngineRequest(TokensPrompt(prompt_token_ids=list(p.token_ids)), params) for p in prompts
         ]
 
-    def discard(self, request_id: str) -> None:
-        self._states.discard(request_id)
-
-    @staticmethod
-    def _pooling_params() -> PoolingParams:
+    def _pooling_params(self) -> PoolingParams:
         return PoolingParams(task=ABSA_TASK, use_activation=False)
 
     # ------------------------------------------------- vLLM's standard path
@@ -130,12 +106,7 @@ class AbsaIOProcessor(IOProcessor[AbsaInput, AbsaOutput]):
     def pre_process(
         self, prompt: AbsaInput, request_id: str | None = None, **kwargs: Any
     ) -> Sequence[TokensPrompt]:
-        if request_id is None:
-            raise ValueError("the absa processor needs a request id to keep request state")
-        return [r.prompt for r in self.plan(prompt, request_id)]
-
-    def merge_pooling_params(self, params: PoolingParams | None = None) -> PoolingParams:
-        return self._pooling_params()
+        return [r.prompt for r in self.plan(prompt, self._required_id(request_id))]
 
     # ----------------------------------------------------------------- output
 
@@ -145,9 +116,7 @@ class AbsaIOProcessor(IOProcessor[AbsaInput, AbsaOutput]):
         request_id: str | None = None,
         **kwargs: Any,
     ) -> AbsaOutput:
-        if request_id is None:
-            raise ValueError("the absa processor needs a request id to find request state")
-        state = self._states.pop(request_id)
+        state = self._states.pop(self._required_id(request_id))
         if len(model_output) != len(state.prompts):
             raise ValueError(f"expected {len(state.prompts)} outputs, got {len(model_output)}")
         decoded = [

@@ -15,15 +15,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
 from vllm.config import VllmConfig
 from vllm.inputs import TokensPrompt
 from vllm.outputs import PoolingRequestOutput
-from vllm.plugins.io_processors.interface import IOProcessor
 from vllm.pooling_params import PoolingParams
 from vllm.renderers import BaseRenderer
 
 from scoring_plugin.errors import FieldViolation, InvalidInputError, NonFiniteOutputError
+from scoring_plugin.io_processors.base import ScoringIOProcessor
 from scoring_plugin.io_processors.engine_request import EngineRequest
 from scoring_plugin.models import PAIR_BERT_ARCHITECTURE
 from scoring_plugin.rerank.prompts import EnginePrompt, PromptBuilder, RerankPlan
@@ -35,9 +34,6 @@ from scoring_plugin.rerank.types import (
     RerankOutput,
     ScoredDocument,
 )
-from scoring_plugin.state_cache import RequestStateCache
-
-_INPUT_ADAPTER = TypeAdapter(RerankInput)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +42,9 @@ class _RequestState:
     plan: RerankPlan
 
 
-class RerankerIOProcessor(IOProcessor[RerankInput, RerankOutput]):
+class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _RequestState]):
+    input_type = RerankInput
+
     def __init__(self, vllm_config: VllmConfig, renderer: BaseRenderer) -> None:
         super().__init__(vllm_config, renderer)
         model_config = vllm_config.model_config
@@ -58,30 +56,12 @@ class RerankerIOProcessor(IOProcessor[RerankInput, RerankOutput]):
             self.max_model_len,
             getattr(model_config.hf_config.get_text_config(), "vocab_size", None),
         )
-        self._states: RequestStateCache[_RequestState] = RequestStateCache()
         architectures = model_config.hf_config.architectures or []
         self._model_derives_token_types = PAIR_BERT_ARCHITECTURE in architectures
 
-    @property
-    def pending_states(self) -> int:
-        """Request states not yet popped; zero whenever no request is in flight."""
-        return len(self._states)
-
     # ------------------------------------------------------------------ input
 
-    def parse_data(self, data: object) -> RerankInput:
-        if isinstance(data, RerankInput):
-            request = data
-        else:
-            try:
-                request = _INPUT_ADAPTER.validate_python(data)
-            except ValidationError as exc:
-                raise InvalidInputError.from_validation(exc) from None
-        self.validate(request)
-        return request
-
     def validate(self, request: RerankInput) -> None:
-        """Checks that need no tokenizer; token limits are checked while planning."""
         violations: list[FieldViolation] = []
         if not request.query.strip():
             violations.append(FieldViolation("query", "must not be empty"))
@@ -117,9 +97,6 @@ class RerankerIOProcessor(IOProcessor[RerankInput, RerankOutput]):
         self._states.put(request_id, _RequestState(request, plan))
         return [self._engine_request(p) for p in plan.prompts]
 
-    def discard(self, request_id: str) -> None:
-        self._states.discard(request_id)
-
     def _engine_request(self, prompt: EnginePrompt) -> EngineRequest:
         extra = (
             {"compressed_token_type_ids": prompt.second_segment_start}
@@ -144,8 +121,7 @@ class RerankerIOProcessor(IOProcessor[RerankInput, RerankOutput]):
     def pre_process(
         self, prompt: RerankInput, request_id: str | None = None, **kwargs: Any
     ) -> Sequence[TokensPrompt]:
-        if request_id is None:
-            raise ValueError("the reranker needs a request id to keep request state")
+        request_id = self._required_id(request_id)
         requests = self.plan(prompt, request_id)
         try:
             if any(r.params.extra_kwargs for r in requests):
@@ -171,9 +147,6 @@ class RerankerIOProcessor(IOProcessor[RerankInput, RerankOutput]):
                     "query", "contains the separator token, which would shift the segments"
                 )
 
-    def merge_pooling_params(self, params: PoolingParams | None = None) -> PoolingParams:
-        return self._pooling_params()
-
     # ----------------------------------------------------------------- output
 
     def post_process(
@@ -182,9 +155,7 @@ class RerankerIOProcessor(IOProcessor[RerankInput, RerankOutput]):
         request_id: str | None = None,
         **kwargs: Any,
     ) -> RerankOutput:
-        if request_id is None:
-            raise ValueError("the reranker needs a request id to find request state")
-        state = self._states.pop(request_id)
+        state = self._states.pop(self._required_id(request_id))
         request, plan = state.request, state.plan
         if len(model_output) != len(plan.prompts):
             raise ValueError(f"expected {len(plan.prompts)} outputs, got {len(model_output)}")

@@ -24,7 +24,7 @@ from vllm.v1.outputs import PoolerOutput
 from vllm.v1.pool.metadata import PoolingMetadata
 
 from scoring_plugin.absa.heads import AbsaHeads, pack_outputs
-from scoring_plugin.models.pair_bert import second_segment_mask
+from scoring_plugin.models.pair_bert import required_sep_token_id, second_segment_mask
 
 ABSA_TASK: PoolingTask = "token_classify"
 
@@ -76,6 +76,25 @@ class _AbsaModel(nn.Module):
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.encoder.embed_input_ids(input_ids)
 
+    def prepare_input_ids(self, input_ids: torch.Tensor, positions: torch.Tensor) -> None:
+        """Encoder-specific input preparation, in place; none by default."""
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if input_ids is not None:
+            self.prepare_input_ids(input_ids, positions)
+        return self.encoder(
+            input_ids=input_ids,
+            positions=positions,
+            inputs_embeds=inputs_embeds,
+            intermediate_tensors=intermediate_tensors,
+        )
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         prefix = f"{self.encoder_prefix}."
         head_params = dict(self.heads.named_parameters(prefix="heads"))
@@ -103,29 +122,11 @@ class BertForAspectSentiment(_AbsaModel):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__(vllm_config)
         self.bert = BertModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "bert"))
-        sep = getattr(vllm_config.model_config.hf_config, "sep_token_id", None)
-        if sep is None:
-            raise ValueError("BertForAspectSentiment needs `sep_token_id` in config.json")
-        self.sep_token_id = int(sep)
+        self.sep_token_id = required_sep_token_id(vllm_config, "BertForAspectSentiment")
 
-    def forward(
-        self,
-        input_ids: torch.Tensor | None,
-        positions: torch.Tensor,
-        intermediate_tensors: IntermediateTensors | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def prepare_input_ids(self, input_ids: torch.Tensor, positions: torch.Tensor) -> None:
         # The review segment gets token type 1, as the tokenizer's pair encoding gives it.
-        if input_ids is not None:
-            _encode_token_type_ids(
-                input_ids, second_segment_mask(input_ids, positions, self.sep_token_id)
-            )
-        return self.bert(
-            input_ids=input_ids,
-            positions=positions,
-            inputs_embeds=inputs_embeds,
-            intermediate_tensors=intermediate_tensors,
-        )
+        _encode_token_type_ids(input_ids, second_segment_mask(input_ids, positions, self.sep_token_id))
 
 
 @attn_type("encoder_only")
@@ -136,17 +137,3 @@ class ModernBertForAspectSentiment(_AbsaModel):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__(vllm_config)
         self.model = ModernBertModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
-
-    def forward(
-        self,
-        input_ids: torch.Tensor | None,
-        positions: torch.Tensor,
-        intermediate_tensors: IntermediateTensors | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        return self.model(
-            input_ids=input_ids,
-            positions=positions,
-            inputs_embeds=inputs_embeds,
-            intermediate_tensors=intermediate_tensors,
-        )

@@ -32,13 +32,20 @@ def second_segment_mask(
     return (seps_before > base).to(input_ids.dtype)
 
 
+def required_sep_token_id(vllm_config: VllmConfig, architecture: str) -> int:
+    """Segments are found by the separator token, so the checkpoint must name it."""
+    sep = getattr(vllm_config.model_config.hf_config, "sep_token_id", None)
+    if sep is None:
+        raise ValueError(f"{architecture} needs `sep_token_id` in config.json")
+    return int(sep)
+
+
 class PairAwareBertForSequenceClassification(BertForSequenceClassification):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
-        sep = getattr(vllm_config.model_config.hf_config, "sep_token_id", None)
-        if sep is None:
-            raise ValueError("ScoringPairBertForSequenceClassification needs `sep_token_id` in config.json")
-        self.sep_token_id = int(sep)
+        self.sep_token_id = required_sep_token_id(
+            vllm_config, "ScoringPairBertForSequenceClassification"
+        )
 
     def forward(
         self,

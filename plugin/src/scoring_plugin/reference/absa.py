@@ -31,51 +31,58 @@ class AbsaReferenceOutput(ModelOutput):
     end_logits: torch.Tensor | None = None  # [batch, tokens]
 
 
-def _heads_output(heads: AbsaHeads, hidden: torch.Tensor) -> AbsaReferenceOutput:
-    span = heads.span_logits(hidden)
-    return AbsaReferenceOutput(
-        sentiment_logits=heads.sentiment_logits(hidden[:, 0]),
-        start_logits=span[..., 0],
-        end_logits=span[..., 1],
-    )
+class _AbsaReference:
+    """The forward both references share: encoder hidden states, then the shared heads."""
+
+    heads: AbsaHeads
+
+    def hidden_states(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, token_type_ids: torch.Tensor | None
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> AbsaReferenceOutput:
+        hidden = self.hidden_states(input_ids, attention_mask, token_type_ids)
+        span = self.heads.span_logits(hidden)
+        return AbsaReferenceOutput(
+            sentiment_logits=self.heads.sentiment_logits(hidden[:, 0]),
+            start_logits=span[..., 0],
+            end_logits=span[..., 1],
+        )
 
 
-class BertForAspectSentiment(BertPreTrainedModel):
+class BertForAspectSentiment(_AbsaReference, BertPreTrainedModel):
     def __init__(self, config) -> None:
         super().__init__(config)
         self.bert = BertModel(config, add_pooling_layer=False)
         self.heads = AbsaHeads(config.hidden_size, config.num_labels)
         self.post_init()
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-    ) -> AbsaReferenceOutput:
-        hidden = self.bert(
+    def hidden_states(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, token_type_ids: torch.Tensor | None
+    ) -> torch.Tensor:
+        return self.bert(
             input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
         ).last_hidden_state
-        return _heads_output(self.heads, hidden)
 
 
-class ModernBertForAspectSentiment(ModernBertPreTrainedModel):
+class ModernBertForAspectSentiment(_AbsaReference, ModernBertPreTrainedModel):
     def __init__(self, config) -> None:
         super().__init__(config)
         self.model = ModernBertModel(config)
         self.heads = AbsaHeads(config.hidden_size, config.num_labels)
         self.post_init()
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-    ) -> AbsaReferenceOutput:
-        # ModernBERT has no token types; the argument exists so both references take the
-        # tokenizer's output as is.
-        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        return _heads_output(self.heads, hidden)
+    def hidden_states(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, token_type_ids: torch.Tensor | None
+    ) -> torch.Tensor:
+        # ModernBERT has no token types; both references take the tokenizer's output as is.
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,8 @@ from typing import Any
 from scoring_plugin.absa.types import AbsaInput, AbsaOutput, AbsaPairInput
 from scoring_plugin.reference.absa import AbsaReference, ReferenceJudgement
 from scoring_server.config import ModelSettings
-from scoring_server.parity.plugin_path import PluginPath, started
+from scoring_server.parity.comparisons import compare_paths, summarize
+from scoring_server.parity.plugin_path import PluginPath
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +64,7 @@ def compare(expected: list[Judgement], actual: list[Judgement]) -> dict[str, Any
         "pairs": n,
         "labels_match": sum(e.label == a.label for e, a in zip(expected, actual)),
         "spans_match": sum(e.span == a.span for e, a in zip(expected, actual)),
-        "max_abs_prob_diff": max(diffs, default=0.0),
-        "mean_abs_prob_diff": sum(diffs) / len(diffs) if diffs else 0.0,
+        **summarize(diffs, "prob"),
     }
 
 
@@ -72,19 +72,11 @@ async def absa_report(
     settings: ModelSettings, rows: list[dict[str, Any]], dtype: str
 ) -> dict[str, Any]:
     pairs = read_pairs(rows)
-    served = settings.effective_hf_overrides()
-    reference_model = AbsaReference(settings.path, hf_overrides=served)
+    reference_model = AbsaReference(settings.path, hf_overrides=settings.effective_hf_overrides())
     reference = [Judgement.of_reference(j) for j in reference_model.analyze(pairs)]
-    async with started(settings.model_copy(update={"dtype": "float32"})) as fp32:
-        batched = await _plugin(fp32, pairs, batched=True)
-        single = await _plugin(fp32, pairs, batched=False)
-    report: dict[str, Any] = {
-        "reference_vs_plugin_fp32": compare(reference, batched),
-        "single_vs_batched_fp32": compare(batched, single),
-        # How the served model labels these inputs (thresholds from config included).
-        "plugin_labels_fp32": dict(sorted(Counter(j.label for j in batched).items())),
-    }
-    if dtype != "float32":
-        async with started(settings.model_copy(update={"dtype": dtype})) as served:
-            report[f"fp32_vs_{dtype}"] = compare(batched, await _plugin(served, pairs, batched=True))
+    report, batched = await compare_paths(
+        settings, dtype, reference, lambda path, batched: _plugin(path, pairs, batched), compare
+    )
+    # How the served model labels these inputs (thresholds from config included).
+    report["plugin_labels_fp32"] = dict(sorted(Counter(j.label for j in batched).items()))
     return report

@@ -8,7 +8,8 @@ from typing import Any
 from scoring_plugin.reference.rerank import reference_for
 from scoring_plugin.rerank.types import RerankDocumentInput, RerankInput
 from scoring_server.config import ModelSettings
-from scoring_server.parity.plugin_path import PluginPath, started
+from scoring_server.parity.comparisons import compare_paths, summarize
+from scoring_server.parity.plugin_path import PluginPath
 
 Scores = list[list[float]]  # per query, per document (request order)
 
@@ -50,8 +51,7 @@ def compare(expected: Scores, actual: Scores) -> dict[str, Any]:
         "queries": len(expected),
         "documents": len(diffs),
         "orderings_match": sum(_order(e) == _order(a) for e, a in zip(expected, actual)),
-        "max_abs_score_diff": max(diffs, default=0.0),
-        "mean_abs_score_diff": sum(diffs) / len(diffs) if diffs else 0.0,
+        **summarize(diffs, "score"),
     }
 
 
@@ -61,14 +61,7 @@ async def rerank_report(
     queries = read_queries(rows)
     scorer = reference_for(Path(settings.path), settings.hf_overrides)
     reference = [scorer(q, docs, True) for q, docs in queries]
-    async with started(settings.model_copy(update={"dtype": "float32"})) as fp32:
-        batched = await _plugin(fp32, queries, batched=True)
-        single = await _plugin(fp32, queries, batched=False)
-    report: dict[str, Any] = {
-        "reference_vs_plugin_fp32": compare(reference, batched),
-        "single_vs_batched_fp32": compare(batched, single),
-    }
-    if dtype != "float32":
-        async with started(settings.model_copy(update={"dtype": dtype})) as served:
-            report[f"fp32_vs_{dtype}"] = compare(batched, await _plugin(served, queries, batched=True))
+    report, _ = await compare_paths(
+        settings, dtype, reference, lambda path, batched: _plugin(path, queries, batched), compare
+    )
     return report

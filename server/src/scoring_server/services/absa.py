@@ -10,9 +10,8 @@ from scoring.v1 import absa_pb2, absa_pb2_grpc
 from scoring_plugin.absa.types import AbsaInput, AbsaItemInput, AbsaOutput, AbsaPairInput
 from scoring_server.config import ModelKind
 from scoring_server.engines import ModelRegistry
-from scoring_server.errors import status_for
-from scoring_server.services.execution import DTYPES, Executed, ModelExecutor, timing_metadata, usage
-from scoring_server.services.streaming import bounded_stream
+from scoring_server.services.execution import DTYPES, Executed, usage
+from scoring_server.services.rpcs import ScoringRpcs
 from scoring_server.services.truncation import to_truncation
 
 
@@ -63,12 +62,11 @@ def _pair_count(request: absa_pb2.AnalyzeRequest) -> int:
     return sum(len(item.aspects) for item in request.items) + len(request.pairs)
 
 
-class AbsaServicer(absa_pb2_grpc.AbsaServiceServicer):
+class AbsaServicer(ScoringRpcs, absa_pb2_grpc.AbsaServiceServicer):
     def __init__(self, registry: ModelRegistry, stream_max_in_flight: int) -> None:
-        self._executor = ModelExecutor(registry, ModelKind.ABSA)
-        self._stream_max_in_flight = stream_max_in_flight
+        super().__init__(registry, ModelKind.ABSA, stream_max_in_flight)
 
-    async def _analyze(
+    async def score(
         self, request: absa_pb2.AnalyzeRequest, time_remaining: float | None = None
     ) -> absa_pb2.AnalyzeResponse:
         executed = await self._executor.execute(
@@ -83,24 +81,12 @@ class AbsaServicer(absa_pb2_grpc.AbsaServiceServicer):
     async def Analyze(
         self, request: absa_pb2.AnalyzeRequest, context: grpc.aio.ServicerContext
     ) -> absa_pb2.AnalyzeResponse:
-        response = await self._analyze(request, context.time_remaining())
-        context.set_trailing_metadata(timing_metadata(response.timings))
-        return response
+        return await self.unary(request, context)
 
     async def AnalyzeStream(
         self,
         request_iterator: AsyncIterator[absa_pb2.AnalyzeStreamRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[absa_pb2.AnalyzeStreamResponse]:
-        async def answer(message: absa_pb2.AnalyzeStreamRequest) -> absa_pb2.AnalyzeStreamResponse:
-            reply = absa_pb2.AnalyzeStreamResponse(
-                sequence=message.sequence, request_id=message.request.request_id
-            )
-            try:
-                reply.response.CopyFrom(await self._analyze(message.request))
-            except Exception as exc:
-                reply.error.CopyFrom(status_for(exc))
-            return reply
-
-        async for reply in bounded_stream(request_iterator, self._stream_max_in_flight, answer):
+        async for reply in self.bulk(request_iterator, absa_pb2.AnalyzeStreamResponse):
             yield reply

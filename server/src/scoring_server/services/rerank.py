@@ -16,9 +16,8 @@ from scoring_plugin.rerank.types import (
 )
 from scoring_server.config import ModelKind
 from scoring_server.engines import ModelRegistry
-from scoring_server.errors import status_for
-from scoring_server.services.execution import DTYPES, Executed, ModelExecutor, timing_metadata, usage
-from scoring_server.services.streaming import bounded_stream
+from scoring_server.services.execution import DTYPES, Executed, usage
+from scoring_server.services.rpcs import ScoringRpcs
 from scoring_server.services.truncation import to_truncation
 
 _ACTIVATIONS = {
@@ -74,12 +73,11 @@ def _to_response(
     return response
 
 
-class RerankServicer(rerank_pb2_grpc.RerankServiceServicer):
+class RerankServicer(ScoringRpcs, rerank_pb2_grpc.RerankServiceServicer):
     def __init__(self, registry: ModelRegistry, stream_max_in_flight: int) -> None:
-        self._executor = ModelExecutor(registry, ModelKind.RERANK)
-        self._stream_max_in_flight = stream_max_in_flight
+        super().__init__(registry, ModelKind.RERANK, stream_max_in_flight)
 
-    async def _rerank(
+    async def score(
         self, request: rerank_pb2.RerankRequest, time_remaining: float | None = None
     ) -> rerank_pb2.RerankResponse:
         executed = await self._executor.execute(
@@ -94,24 +92,12 @@ class RerankServicer(rerank_pb2_grpc.RerankServiceServicer):
     async def Rerank(
         self, request: rerank_pb2.RerankRequest, context: grpc.aio.ServicerContext
     ) -> rerank_pb2.RerankResponse:
-        response = await self._rerank(request, context.time_remaining())
-        context.set_trailing_metadata(timing_metadata(response.timings))
-        return response
+        return await self.unary(request, context)
 
     async def RerankStream(
         self,
         request_iterator: AsyncIterator[rerank_pb2.RerankStreamRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[rerank_pb2.RerankStreamResponse]:
-        async def answer(message: rerank_pb2.RerankStreamRequest) -> rerank_pb2.RerankStreamResponse:
-            reply = rerank_pb2.RerankStreamResponse(
-                sequence=message.sequence, request_id=message.request.request_id
-            )
-            try:
-                reply.response.CopyFrom(await self._rerank(message.request))
-            except Exception as exc:
-                reply.error.CopyFrom(status_for(exc))
-            return reply
-
-        async for reply in bounded_stream(request_iterator, self._stream_max_in_flight, answer):
+        async for reply in self.bulk(request_iterator, rerank_pb2.RerankStreamResponse):
             yield reply

@@ -1,7 +1,9 @@
 """Bulk streams: many requests over one bidirectional stream, answered in completion order.
 
 Concurrency per stream is bounded, so one stream cannot hold unbounded work in memory; a failed
-request becomes an error reply (inline google.rpc.Status) and the stream goes on.
+request becomes an error reply (inline google.rpc.Status) and the stream goes on. Every bulk RPC
+has the same message shape: requests carry `request` and `sequence`, replies carry `sequence`,
+`request_id` and a `response` / `error` oneof.
 """
 
 from __future__ import annotations
@@ -9,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
 
+from scoring_server.errors import status_for
 from scoring_server.telemetry import annotate
 
 Q = TypeVar("Q")
@@ -60,3 +63,23 @@ async def bounded_stream(
         await reader
     finally:
         reader.cancel()
+
+
+async def answer_stream(
+    request_iterator: AsyncIterator[Any],
+    max_in_flight: int,
+    reply_type: Callable[..., Any],
+    handle: Callable[[Any], Awaitable[Any]],
+) -> AsyncIterator[Any]:
+    """Runs `handle(message.request)` for each message and replies in the bulk shape."""
+
+    async def answer(message: Any) -> Any:
+        reply = reply_type(sequence=message.sequence, request_id=message.request.request_id)
+        try:
+            reply.response.CopyFrom(await handle(message.request))
+        except Exception as exc:
+            reply.error.CopyFrom(status_for(exc))
+        return reply
+
+    async for reply in bounded_stream(request_iterator, max_in_flight, answer):
+        yield reply

@@ -1,0 +1,42 @@
+"""What every parity report compares, whatever the model kind: the fp32 reference against the
+plugin path, single-item against batched requests, and fp32 against the serving dtype."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from scoring_server.config import ModelSettings
+from scoring_server.parity.plugin_path import PluginPath, started
+
+R = TypeVar("R")
+
+
+def summarize(diffs: list[float], what: str) -> dict[str, float]:
+    """Largest and mean absolute difference, named after what differs (`prob`, `score`)."""
+    return {
+        f"max_abs_{what}_diff": max(diffs, default=0.0),
+        f"mean_abs_{what}_diff": sum(diffs) / len(diffs) if diffs else 0.0,
+    }
+
+
+async def compare_paths(
+    settings: ModelSettings,
+    dtype: str,
+    reference: R,
+    run: Callable[[PluginPath, bool], Awaitable[R]],
+    compare: Callable[[R, R], dict[str, Any]],
+) -> tuple[dict[str, Any], R]:
+    """`run(path, batched)` scores the inputs through the plugin path; returns the report and
+    the fp32 batched results."""
+    async with started(settings.model_copy(update={"dtype": "float32"})) as fp32:
+        batched = await run(fp32, True)
+        single = await run(fp32, False)
+    report: dict[str, Any] = {
+        "reference_vs_plugin_fp32": compare(reference, batched),
+        "single_vs_batched_fp32": compare(batched, single),
+    }
+    if dtype != "float32":
+        async with started(settings.model_copy(update={"dtype": dtype})) as served:
+            report[f"fp32_vs_{dtype}"] = compare(batched, await run(served, True))
+    return report, batched
