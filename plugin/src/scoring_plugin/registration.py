@@ -18,3 +18,8 @@ def reranker_io_processor() -> str:
 def absa_io_processor() -> str:
     """``vllm.io_processor_plugins``: (aspect, review) pairs to labels and evidence spans."""
     return "scoring_plugin.io_processors.absa.AbsaIOProcessor"
+
+
+def image_ranker_io_processor() -> str:
+    """``vllm.io_processor_plugins``: a query and images to images ranked by score."""
+    return "scoring_plugin.io_processors.image_ranker.ImageRankerIOProcessor"

@@ -13,6 +13,7 @@ from vllm.pooling_params import PoolingParams
 from vllm.renderers import BaseRenderer
 
 from scoring_plugin.errors import InvalidInputError
+from scoring_plugin.io_processors.engine_request import EngineRequest
 from scoring_plugin.state_cache import RequestStateCache
 
 In = TypeVar("In")
@@ -48,6 +49,10 @@ class ScoringIOProcessor(IOProcessor[In, Out], Generic[In, Out, State]):
     @abstractmethod
     def validate(self, request: In) -> None:
         """Checks that need no tokenizer; token limits are checked while planning."""
+
+    async def plan_async(self, request: In, request_id: str) -> list[EngineRequest]:
+        """What the server awaits; processors whose planning does I/O override it."""
+        return self.plan(request, request_id)  # type: ignore[attr-defined]
 
     @abstractmethod
     def _pooling_params(self) -> PoolingParams:

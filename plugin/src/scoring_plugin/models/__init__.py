@@ -9,11 +9,13 @@ COLBERT_ARCHITECTURE = "ScoringColBERTModel"
 ABSA_BERT_ARCHITECTURE = "BertForAspectSentiment"
 ABSA_MODERNBERT_ARCHITECTURE = "ModernBertForAspectSentiment"
 ABSA_ARCHITECTURES = (ABSA_BERT_ARCHITECTURE, ABSA_MODERNBERT_ARCHITECTURE)
+IMAGE_RANK_ARCHITECTURE = "ClipImageRanker"
 _MODELS = {
     PAIR_BERT_ARCHITECTURE: "scoring_plugin.models.pair_bert:PairAwareBertForSequenceClassification",
     COLBERT_ARCHITECTURE: "scoring_plugin.models.colbert:ScoringColBERTModel",
     ABSA_BERT_ARCHITECTURE: "scoring_plugin.models.absa:BertForAspectSentiment",
     ABSA_MODERNBERT_ARCHITECTURE: "scoring_plugin.models.absa:ModernBertForAspectSentiment",
+    IMAGE_RANK_ARCHITECTURE: "scoring_plugin.models.image_ranker:ClipImageRanker",
 }
 
 

@@ -1,0 +1,8 @@
+"""Image ranking: a text query against candidate images (CLIP towers + a cross-attention adapter).
+
+- :mod:`.settings`: the model's preprocessing and the deployment's limits (``scoring_image_rank``).
+- :mod:`.types`: the IO processor's plain input and output.
+- :mod:`.pixels`: bytes to normalised pixels with Pillow (validation, bomb and size checks).
+- :mod:`.fetch`: http(s) downloads under an address policy, with size and time caps.
+- :mod:`.loader`: both of the above in bounded worker pools, one result or error per image.
+"""

@@ -1,0 +1,101 @@
+"""Encoded image bytes to the model's normalised pixels, with Pillow, never re-encoded.
+
+The steps are those of the Hugging Face ``CLIPImageProcessor`` (PIL backend): RGB (alpha
+composited on white), shortest side to ``image_size`` with bicubic resampling, centre crop,
+scale to [0, 1], normalise. The parity tests run the Hugging Face processor on the same bytes.
+
+Everything about the file is checked before its pixels are decoded: the container must be JPEG,
+PNG or WebP whatever the caller or a server claims, and its header's dimensions must be within
+the limits (a 50 kB PNG can declare 100 megapixels).
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from scoring_plugin.image_rank.settings import ImageRankSettings
+from scoring_plugin.image_rank.types import ImageErrorKind, ImageLoadError
+
+ALLOWED_FORMATS = frozenset({"JPEG", "PNG", "WEBP"})
+
+
+def to_pixels(data: bytes, settings: ImageRankSettings) -> np.ndarray:
+    """float32 [3, size, size]; raises ImageLoadError naming what is wrong with the file."""
+    if len(data) > settings.max_image_bytes:
+        raise ImageLoadError(
+            ImageErrorKind.TOO_LARGE,
+            f"image has {len(data)} bytes, over the limit of {settings.max_image_bytes}",
+        )
+    image = _open_checked(data, settings)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image.load()
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombWarning) as exc:
+        raise ImageLoadError(ImageErrorKind.INVALID_IMAGE, f"image data is damaged: {exc}") from None
+    return _normalise(_center_crop(_resize(_rgb(image), settings.image_size), settings.image_size), settings)
+
+
+def _open_checked(data: bytes, settings: ImageRankSettings) -> Image.Image:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data), formats=sorted(ALLOWED_FORMATS))
+    except UnidentifiedImageError:
+        raise ImageLoadError(
+            ImageErrorKind.INVALID_IMAGE, "not a JPEG, PNG or WebP image"
+        ) from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise ImageLoadError(ImageErrorKind.TOO_LARGE, "image dimensions are too large") from None
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise ImageLoadError(ImageErrorKind.INVALID_IMAGE, f"unreadable image header: {exc}") from None
+    width, height = image.size
+    if width < 1 or height < 1:
+        raise ImageLoadError(ImageErrorKind.INVALID_IMAGE, "image has no pixels")
+    if max(width, height) > settings.max_image_side or width * height > settings.max_image_pixels:
+        raise ImageLoadError(
+            ImageErrorKind.TOO_LARGE,
+            f"image is {width}x{height}; limits are {settings.max_image_side} per side and "
+            f"{settings.max_image_pixels} pixels",
+        )
+    if getattr(image, "n_frames", 1) > 1:
+        image.seek(0)  # animated PNG/WebP: the first frame, as Pillow-based processors do
+    return image
+
+
+def _rgb(image: Image.Image) -> Image.Image:
+    if image.mode == "RGB":
+        return image
+    rgba = image.convert("RGBA")
+    background = Image.new("RGBA", rgba.size, (255, 255, 255))
+    return Image.alpha_composite(background, rgba).convert("RGB")
+
+
+def _resize(image: Image.Image, size: int) -> Image.Image:
+    width, height = image.size
+    short, long = (width, height) if width <= height else (height, width)
+    new_short, new_long = size, int(size * long / short)
+    new_size = (new_short, new_long) if width <= height else (new_long, new_short)
+    if new_size == image.size:
+        return image
+    return image.resize(new_size, resample=Image.Resampling.BICUBIC)
+
+
+def _center_crop(image: Image.Image, size: int) -> np.ndarray:
+    pixels = np.asarray(image)  # [H, W, 3] uint8
+    height, width = pixels.shape[:2]
+    if height < size or width < size:  # cannot happen after _resize; kept exact if it did
+        raise ImageLoadError(ImageErrorKind.INVALID_IMAGE, "image too small after resizing")
+    top, left = (height - size) // 2, (width - size) // 2
+    return pixels[top : top + size, left : left + size]
+
+
+def _normalise(pixels: np.ndarray, settings: ImageRankSettings) -> np.ndarray:
+    scaled = (pixels.astype(np.float64) * (1 / 255)).astype(np.float32)
+    mean = np.asarray(settings.image_mean, dtype=np.float32)
+    std = np.asarray(settings.image_std, dtype=np.float32)
+    return np.ascontiguousarray(((scaled - mean) / std).transpose(2, 0, 1))
