@@ -58,8 +58,16 @@ def test_environment_only(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_inconsistent_settings_are_refused() -> None:
     with pytest.raises(ValidationError):
         ServerSettings(models=[ModelSettings(name="a", path="/a", dtype="float32")] * 2)
-    with pytest.raises(ValidationError, match="not implemented"):
-        ModelSettings(name="a", path="/a", dtype="float32", kind="image_rank")
+
+
+def test_image_rank_settings_travel_as_plugin_overrides() -> None:
+    deployment = {"scoring_image_rank_overrides": {"allowed_networks": ["10.0.0.0/8"]}}
+    image = ModelSettings(
+        name="a", path="/a", dtype="float32", kind="image_rank", max_items_per_request=16, hf_overrides=deployment
+    )
+    assert image.effective_hf_overrides() == {
+        "scoring_image_rank_overrides": {"allowed_networks": ["10.0.0.0/8"], "max_images": 16}
+    }
 
 
 def test_absa_settings_travel_as_plugin_overrides() -> None:

@@ -8,7 +8,7 @@ import grpc
 import pytest
 from transformers import AutoTokenizer
 
-from scoring.v1 import common_pb2, image_rank_pb2, image_rank_pb2_grpc
+from scoring.v1 import common_pb2
 from scoring.v1 import rerank_pb2, rerank_pb2_grpc
 from scoring_client import ScoringClient, ScoringError
 
@@ -131,19 +131,11 @@ def test_health_per_service_and_model(client: ScoringClient) -> None:
     assert client.health("scoring.v1.InfoService") == "SERVING"
     assert client.health("scoring.v1.RerankService/qwen3-reranker") == "SERVING"
     assert client.health("scoring.v1.AbsaService") == "SERVING"
-    assert client.health("scoring.v1.ImageRankService") == "NOT_SERVING"
+    assert client.health("scoring.v1.ImageRankService") == "SERVING"
+    assert client.health("scoring.v1.ImageRankService/image-ranker") == "SERVING"
     with pytest.raises(ScoringError) as err:
         client.health("no.such.Service")
     assert err.value.code == grpc.StatusCode.NOT_FOUND
-
-
-def test_image_rank_answers_unimplemented_clearly(channel: grpc.Channel) -> None:
-    with pytest.raises(grpc.RpcError) as err:
-        image_rank_pb2_grpc.ImageRankServiceStub(channel).RankImages(
-            image_rank_pb2.RankImagesRequest(), timeout=10
-        )
-    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert "ImageRankService" in err.value.details() and "not served" in err.value.details()
 
 
 def test_stream_scores_many_requests_and_reports_errors_inline(channel: grpc.Channel) -> None:

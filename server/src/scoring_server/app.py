@@ -32,7 +32,7 @@ from scoring_server.errors import ErrorMappingInterceptor
 from scoring_server.metrics import serve_metrics
 from scoring_server.services.info import InfoServicer
 from scoring_server.services.absa import AbsaServicer
-from scoring_server.services.pending import ImageRankServicer
+from scoring_server.services.image_rank import ImageRankServicer
 from scoring_server.services.rerank import RerankServicer
 from scoring_server.security import BearerTokenInterceptor
 from scoring_server.telemetry import TelemetryInterceptor
@@ -90,7 +90,7 @@ class ScoringServer:
             AbsaServicer(self.registry, settings.stream_max_in_flight), self.server
         )
         image_rank_pb2_grpc.add_ImageRankServiceServicer_to_server(
-            ImageRankServicer(), self.server
+            ImageRankServicer(self.registry, settings.stream_max_in_flight), self.server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if settings.reflection:

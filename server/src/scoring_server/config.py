@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scoring_plugin.absa.settings import OVERRIDES_KEY as ABSA_OVERRIDES_KEY
+from scoring_plugin.image_rank.settings import OVERRIDES_KEY as IMAGE_RANK_OVERRIDES_KEY
 from scoring_plugin.rerank.settings import OVERRIDES_KEY as RERANK_OVERRIDES_KEY
 from scoring_plugin.rerank.settings import RerankMode
 from scoring_server.security import AuthSettings, TlsSettings
@@ -55,8 +56,6 @@ class ModelSettings(BaseModel):
 
     @model_validator(mode="after")
     def _only_implemented_kinds(self) -> ModelSettings:
-        if self.kind is ModelKind.IMAGE_RANK:
-            raise ValueError(f"model kind {self.kind.value!r} is not implemented yet")
         if self.rerank_mode is not None and self.kind is not ModelKind.RERANK:
             raise ValueError("rerank_mode applies to rerank models only")
         if self.max_queued_items < self.max_items_per_request:
@@ -71,8 +70,10 @@ class ModelSettings(BaseModel):
             key, own = RERANK_OVERRIDES_KEY, {"max_documents": self.max_items_per_request}
             if self.rerank_mode is not None:
                 own["mode"] = self.rerank_mode.value
-        else:
+        elif self.kind is ModelKind.ABSA:
             key, own = ABSA_OVERRIDES_KEY, {"max_pairs": self.max_items_per_request}
+        else:
+            key, own = IMAGE_RANK_OVERRIDES_KEY, {"max_images": self.max_items_per_request}
         overrides[key] = {**(overrides.get(key) or {}), **own}
         return overrides
 

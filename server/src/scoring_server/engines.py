@@ -18,6 +18,7 @@ from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from scoring_plugin.io_processors.absa import AbsaIOProcessor
+from scoring_plugin.io_processors.image_ranker import ImageRankerIOProcessor
 from scoring_plugin.io_processors.reranker import RerankerIOProcessor
 from scoring_server.admission import Admission
 from scoring_server.config import ModelKind, ModelSettings
@@ -25,10 +26,14 @@ from scoring_server.config import ModelKind, ModelSettings
 logger = logging.getLogger(__name__)
 
 # The IO processor plugin (entry-point name) and its class, per model kind.
-IO_PROCESSORS: dict[ModelKind, tuple[str, type[RerankerIOProcessor | AbsaIOProcessor]]] = {
+Processor = RerankerIOProcessor | AbsaIOProcessor | ImageRankerIOProcessor
+IO_PROCESSORS: dict[ModelKind, tuple[str, type[Processor]]] = {
     ModelKind.RERANK: ("reranker", RerankerIOProcessor),
     ModelKind.ABSA: ("absa", AbsaIOProcessor),
+    ModelKind.IMAGE_RANK: ("image_ranker", ImageRankerIOProcessor),
 }
+# Image rankers take their inputs as prepared tensors (vLLM's raw multimodal inputs).
+_KIND_ENGINE_ARGS: dict[ModelKind, dict[str, object]] = {ModelKind.IMAGE_RANK: {"enable_mm_embeds": True}}
 
 
 @dataclass
@@ -36,7 +41,7 @@ class ServedModel:
     settings: ModelSettings
     admission: Admission = field(init=False)
     engine: AsyncLLM | None = None
-    processor: RerankerIOProcessor | AbsaIOProcessor | None = None
+    processor: Processor | None = None
     architecture: str = ""
 
     def __post_init__(self) -> None:
@@ -97,7 +102,7 @@ def engine_args(settings: ModelSettings) -> AsyncEngineArgs:
         gpu_memory_utilization=settings.gpu_memory_utilization,
         hf_overrides=settings.effective_hf_overrides(),
         io_processor_plugin=IO_PROCESSORS[settings.kind][0],
-        **settings.engine_args,
+        **{**_KIND_ENGINE_ARGS.get(settings.kind, {}), **settings.engine_args},
     )
 
 

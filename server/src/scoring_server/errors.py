@@ -45,14 +45,14 @@ class ServiceError(Exception):
 
 def status_for(exc: BaseException) -> status_pb2.Status:
     if isinstance(exc, InvalidInputError):
-        return _status(
+        return status_with_fields(
             code_pb2.INVALID_ARGUMENT,
             str(exc),
             [(v.field, v.description) for v in exc.violations],
         )
     if isinstance(exc, ServiceError):
         violations = [(exc.field, str(exc))] if exc.field else []
-        status = _status(exc.code.value[0], str(exc), violations)
+        status = status_with_fields(exc.code.value[0], str(exc), violations)
         if exc.retry_after_s is not None:
             retry = error_details_pb2.RetryInfo()
             retry.retry_delay.FromTimedelta(timedelta(seconds=exc.retry_after_s))
@@ -61,16 +61,16 @@ def status_for(exc: BaseException) -> status_pb2.Status:
             status.details.append(detail)
         return status
     if isinstance(exc, EngineDeadError):
-        return _status(code_pb2.UNAVAILABLE, "the model engine is not running")
+        return status_with_fields(code_pb2.UNAVAILABLE, "the model engine is not running")
     # Anything else is ours to fix: the caller gets a correlation id, never a traceback, a path
     # or an engine message; the log has the whole story under the same id.
     incident = uuid.uuid4().hex[:16]
     logger.error("internal error %s", incident, exc_info=exc)
     described = str(exc) if isinstance(exc, NonFiniteOutputError) else "internal error"
-    return _status(code_pb2.INTERNAL, f"{described} (incident {incident}; see the server log)")
+    return status_with_fields(code_pb2.INTERNAL, f"{described} (incident {incident}; see the server log)")
 
 
-def _status(
+def status_with_fields(
     code: int, message: str, violations: list[tuple[str, str]] | None = None
 ) -> status_pb2.Status:
     status = status_pb2.Status(code=code, message=message)

@@ -1,7 +1,7 @@
 """A small blocking client over the generated stubs: one channel, typed results, readable errors.
 
 It hides protobuf plumbing for the common calls, ``rerank(query, docs, top_n=...)`` and
-``analyze(review, aspects)``, and turns ``google.rpc.BadRequest`` details into a list of field
+``analyze(review, aspects)``, ``rank_images(query, images)``, and turns ``google.rpc.BadRequest`` details into a list of field
 violations.
 """
 
@@ -20,6 +20,8 @@ from scoring.v1 import (
     absa_pb2,
     absa_pb2_grpc,
     common_pb2,
+    image_rank_pb2,
+    image_rank_pb2_grpc,
     info_pb2,
     info_pb2_grpc,
     rerank_pb2,
@@ -118,6 +120,38 @@ class AnalyzeResult:
     timings_ms: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ImageError:
+    """Why one image was not scored: a gRPC status code name and a message naming the field."""
+
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class RankedImage:
+    index: int
+    score: float | None
+    id: str | None = None
+    error: ImageError | None = None
+
+
+@dataclass(frozen=True)
+class RankImagesResult:
+    """Scored images best first, then images that failed to load (request order)."""
+
+    results: list[RankedImage]
+    model: str
+    dtype: str
+    request_id: str
+    prompt_tokens: int
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+# An image is its encoded bytes, or an http(s) URL the server fetches.
+ImageRef = bytes | str
+
+
 def _timings(timings: common_pb2.Timings) -> dict[str, float]:
     return {
         "queue": timings.queue_ms,
@@ -167,6 +201,7 @@ class ScoringClient:
         self.rerank_stub = rerank_pb2_grpc.RerankServiceStub(self._channel)
         self.info_stub = info_pb2_grpc.InfoServiceStub(self._channel)
         self.absa_stub = absa_pb2_grpc.AbsaServiceStub(self._channel)
+        self.image_rank_stub = image_rank_pb2_grpc.ImageRankServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
     def __enter__(self) -> ScoringClient:
@@ -275,6 +310,50 @@ class ScoringClient:
             timings_ms=_timings(response.timings),
         )
 
+    def rank_images(
+        self,
+        query: str,
+        images: Sequence[ImageRef],
+        *,
+        ids: Sequence[str] | None = None,
+        top_n: int | None = None,
+        model: str | None = None,
+        truncate: Literal["right", "left"] | None = None,
+        max_tokens: int | None = None,
+        request_id: str = "",
+        timeout: float | None = None,
+    ) -> RankImagesResult:
+        """Ranks images (bytes are sent as they are, strings are URLs) for a text query."""
+        request = image_rank_pb2.RankImagesRequest(query=query, request_id=request_id)
+        for i, image in enumerate(images):
+            item = request.images.add(**({"data": image} if isinstance(image, bytes) else {"url": image}))
+            if ids is not None:
+                item.id = ids[i]
+        if top_n is not None:
+            request.top_n = top_n
+        _set_model_and_truncation(request, model, truncate, max_tokens)
+        response = self._call(self.image_rank_stub.RankImages, request, timeout)
+        return RankImagesResult(
+            results=[
+                RankedImage(
+                    index=r.index,
+                    score=None if r.HasField("error") else r.score,
+                    id=r.id if r.HasField("id") else None,
+                    error=(
+                        ImageError(grpc.StatusCode(_code(r.error.code)).name, r.error.message)
+                        if r.HasField("error")
+                        else None
+                    ),
+                )
+                for r in response.results
+            ],
+            model=response.model,
+            dtype=common_pb2.Dtype.Name(response.dtype),
+            request_id=response.request_id,
+            prompt_tokens=response.usage.prompt_tokens,
+            timings_ms=_timings(response.timings),
+        )
+
     def info(self, timeout: float | None = None) -> info_pb2.GetInfoResponse:
         return self._call(self.info_stub.GetInfo, info_pb2.GetInfoRequest(), timeout)
 
@@ -294,3 +373,8 @@ class ScoringClient:
             )
         except grpc.RpcError as error:
             raise ScoringError(error) from None
+
+
+def _code(value: int) -> tuple[int, str]:
+    """grpc.StatusCode's value for a google.rpc code number."""
+    return next(c.value for c in grpc.StatusCode if c.value[0] == value)

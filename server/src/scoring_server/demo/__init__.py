@@ -5,6 +5,7 @@
 - ``bert-cross-encoder``, ``qwen3-seq-cls``, ``qwen3-reranker``, ``colbert``: small
   real-architecture rerankers, one per mode and prompt layout (:mod:`.rerank`).
 - ``absa-bert``, ``absa-modernbert``: aspect-sentiment models with both heads (:mod:`.absa`).
+- ``image-ranker``: CLIP-shaped towers with the cross-attention adapter (:mod:`.image_rank`).
 
 All but MiniLM have random weights (deterministic seed): reproducible, not meaningful outputs.
 Tests build the same models, so the demo and the test suite exercise one code path.
@@ -23,6 +24,7 @@ from scoring_plugin.models import COLBERT_ARCHITECTURE
 from scoring_server.config import ModelKind, ModelSettings
 from scoring_server.demo.absa import build_absa_bert, build_absa_modernbert
 from scoring_server.demo.common import BUILD_MARKER, SEED, minilm_path
+from scoring_server.demo.image_rank import build_image_ranker
 from scoring_server.demo.rerank import (
     QWEN3_ORIGINAL_OVERRIDES,
     build_bert_cross_encoder,
@@ -44,6 +46,7 @@ _BUILDERS: dict[str, Callable[[Path], None]] = {
     "colbert": build_colbert,
     "absa-bert": build_absa_bert,
     "absa-modernbert": build_absa_modernbert,
+    "image-ranker": build_image_ranker,
 }
 
 
@@ -85,5 +88,14 @@ def build_demo_models(root: Path) -> list[ModelSettings]:
         ),
         ModelSettings(
             name="absa-modernbert", kind=ModelKind.ABSA, path=str(root / "absa-modernbert"), **common
+        ),
+        ModelSettings(
+            name="image-ranker",
+            kind=ModelKind.IMAGE_RANK,
+            path=str(root / "image-ranker"),
+            default=True,
+            max_items_per_request=64,
+            max_queued_items=2048,
+            **common,
         ),
     ]

@@ -106,8 +106,14 @@ class ModelExecutor:
         name, processor = model.settings.name, model.processor
         parsed = time.perf_counter()
         try:
-            with tracing.stage("preprocess"):
-                engine_requests = processor.plan(parsed_input, request_id)
+            try:
+                async with asyncio.timeout(None if time_remaining is None else time_remaining - (parsed - arrived)):
+                    with tracing.stage("preprocess"):
+                        engine_requests = await processor.plan_async(parsed_input, request_id)
+            except TimeoutError:
+                raise ServiceError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED, "deadline passed while preparing inputs"
+                ) from None
             submitted = time.perf_counter()
             budget = None if time_remaining is None else time_remaining - (submitted - arrived)
             if budget is not None and budget <= 0:

@@ -7,6 +7,7 @@ import vllm
 
 from scoring.v1 import common_pb2, info_pb2, info_pb2_grpc, rerank_pb2
 from scoring_plugin.io_processors.absa import AbsaIOProcessor
+from scoring_plugin.io_processors.image_ranker import ImageRankerIOProcessor
 from scoring_plugin.rerank.settings import RerankMode
 from scoring_server import __version__
 from scoring_server.config import ModelKind, ServerSettings
@@ -64,6 +65,13 @@ class InfoServicer(info_pb2_grpc.InfoServiceServicer):
                 info.labels.extend(processor.settings.labels)
                 info.max_aspect_chars = processor.settings.max_aspect_chars
                 info.max_review_chars = processor.settings.max_review_chars
+            elif isinstance(processor, ImageRankerIOProcessor):
+                image = processor.settings
+                info.max_image_bytes = image.max_image_bytes
+                info.max_image_pixels = image.max_image_pixels
+                info.max_image_side = image.max_image_side
+                info.image_size = image.image_size
+                info.fetch_timeout_ms = round(image.fetch_timeout_s * 1000)
             elif processor is not None:
                 mode = processor.settings.mode
                 info.rerank_mode = _MODES[mode]
