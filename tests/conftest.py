@@ -144,7 +144,7 @@ def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
     metrics_port = free_port()
     server = start_server(
         ["--demo", "--demo-dir", str(DEMO_DIR), "--metrics-port", str(metrics_port),
-         "--log-format", "json"],
+         "--log-format", "json", "--image-allow-network", "127.0.0.1/32", "--image-fetch-timeout-s", "2"],
         log,
         metrics_port=metrics_port,
     )

@@ -10,7 +10,8 @@ import os
 import sys
 from pathlib import Path
 
-from scoring_server.config import ModelSettings, ServerSettings
+from scoring_plugin.image_rank.settings import OVERRIDES_KEY as IMAGE_RANK_OVERRIDES_KEY
+from scoring_server.config import ModelKind, ModelSettings, ServerSettings
 
 DEFAULT_DEMO_DIR = Path(os.environ.get("SCORING_DEMO_DIR", ".demo-models"))
 
@@ -33,6 +34,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gpu-memory-utilization", type=float)
     parser.add_argument("--hf-overrides", type=json.loads, help="JSON object for vLLM")
     parser.add_argument("--engine-args", type=json.loads, help="JSON object of AsyncEngineArgs")
+    parser.add_argument(
+        "--image-allow-network",
+        action="append",
+        metavar="CIDR",
+        help="image URLs may resolve into this private/loopback network (repeatable)",
+    )
+    parser.add_argument("--image-fetch-timeout-s", type=float, help="whole-download cap per image URL")
     parser.add_argument("--demo-dir", type=Path, default=DEFAULT_DEMO_DIR)
     parser.add_argument(
         "--demo-models", help="comma-separated subset of the demo models (default: all)"
@@ -51,6 +59,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    settings = _settings_from_args(args)
+    image = {
+        "allowed_networks": args.image_allow_network,
+        "fetch_timeout_s": args.image_fetch_timeout_s,
+    }
+    image = {k: v for k, v in image.items() if v is not None}
+    for model in settings.models:
+        if image and model.kind is ModelKind.IMAGE_RANK:
+            own = model.hf_overrides.get(IMAGE_RANK_OVERRIDES_KEY) or {}
+            model.hf_overrides = {**model.hf_overrides, IMAGE_RANK_OVERRIDES_KEY: {**own, **image}}
+    return settings
+
+
+def _settings_from_args(args: argparse.Namespace) -> ServerSettings:
     overrides = {
         "host": args.host,
         "port": args.port,

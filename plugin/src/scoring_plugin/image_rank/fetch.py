@@ -94,10 +94,15 @@ class UrlFetcher:
                     if not location:
                         raise ImageLoadError(ImageErrorKind.FETCH_FAILED, f"HTTP {response.status} without Location")
                     url = urljoin(url, location)
+                    response.drain_conn()
+                    response.release_conn()
                     continue
-                return self._body(response, deadline)
-            finally:
-                response.release_conn()
+                body = self._body(response, deadline)
+            except BaseException:
+                response.close()  # a half-read connection must never go back to the pool
+                raise
+            response.release_conn()
+            return body
         raise ImageLoadError(
             ImageErrorKind.FETCH_FAILED, f"more than {self._settings.max_redirects} redirects"
         )

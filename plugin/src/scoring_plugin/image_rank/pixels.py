@@ -1,7 +1,7 @@
 """Encoded image bytes to the model's normalised pixels, with Pillow, never re-encoded.
 
-The steps are those of the Hugging Face ``CLIPImageProcessor`` (PIL backend): RGB (alpha
-composited on white), shortest side to ``image_size`` with bicubic resampling, centre crop,
+The steps are those of the Hugging Face ``CLIPImageProcessor`` (PIL backend): RGB (Pillow's
+conversion, which drops alpha), shortest side to ``image_size`` with bicubic resampling, centre crop,
 scale to [0, 1], normalise. The parity tests run the Hugging Face processor on the same bytes.
 
 Everything about the file is checked before its pixels are decoded: the container must be JPEG,
@@ -68,11 +68,7 @@ def _open_checked(data: bytes, settings: ImageRankSettings) -> Image.Image:
 
 
 def _rgb(image: Image.Image) -> Image.Image:
-    if image.mode == "RGB":
-        return image
-    rgba = image.convert("RGBA")
-    background = Image.new("RGBA", rgba.size, (255, 255, 255))
-    return Image.alpha_composite(background, rgba).convert("RGB")
+    return image if image.mode == "RGB" else image.convert("RGB")
 
 
 def _resize(image: Image.Image, size: int) -> Image.Image:
