@@ -77,3 +77,28 @@ def test_info_call(demo_server: RunningServer) -> None:
     assert done.returncode == 0, done.stderr
     names = {m["name"] for m in json.loads(done.stdout)["models"]}
     assert "minilm" in names and "qwen3-reranker" in names
+
+
+def test_rank_images_from_json(demo_server: RunningServer) -> None:
+    """Inline bytes are base64 in grpcurl's JSON; a broken image is that item's error."""
+    import base64
+
+    from scoring_server.demo.image_rank import sample_images
+
+    images = sample_images(3)
+    request = {
+        "query": "cozy cafe interior",
+        "images": [{"id": f"p{i}", "data": base64.b64encode(b).decode()} for i, b in enumerate(images)]
+        + [{"id": "bad", "data": base64.b64encode(b"not an image").decode()}],
+        "requestId": "grpcurl-img",
+    }
+    done = grpcurl(demo_server, "scoring.v1.ImageRankService/RankImages", data=request)
+    assert done.returncode == 0, done.stderr
+    response = json.loads(done.stdout)
+    assert response["model"] == "image-ranker" and response["request_id"] == "grpcurl-img"
+    results = response["results"]
+    scored = [r for r in results if "error" not in r]
+    assert sorted(r["id"] for r in scored) == ["p0", "p1", "p2"]
+    assert [r["score"] for r in scored] == sorted((r["score"] for r in scored), reverse=True)
+    assert results[-1]["id"] == "bad" and results[-1]["error"]["code"] == 3  # INVALID_ARGUMENT
+    assert "images[3].data" in results[-1]["error"]["message"]

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from vllm import AsyncEngineArgs
@@ -32,8 +34,35 @@ IO_PROCESSORS: dict[ModelKind, tuple[str, type[Processor]]] = {
     ModelKind.ABSA: ("absa", AbsaIOProcessor),
     ModelKind.IMAGE_RANK: ("image_ranker", ImageRankerIOProcessor),
 }
-# Image rankers take their inputs as prepared tensors (vLLM's raw multimodal inputs).
-_KIND_ENGINE_ARGS: dict[ModelKind, dict[str, object]] = {ModelKind.IMAGE_RANK: {"enable_mm_embeds": True}}
+# Image rankers take their inputs as prepared tensors (vLLM's raw multimodal inputs), and may
+# only be captured piecewise (see scoring_plugin.models.image_ranker).
+_KIND_ENGINE_ARGS: dict[ModelKind, dict[str, object]] = {
+    ModelKind.IMAGE_RANK: {"enable_mm_embeds": True, "compilation_config": {"cudagraph_mode": "PIECEWISE"}}
+}
+
+
+# vLLM settings that exist only as environment variables, per kind. GPU builds pick Model Runner
+# V2, which has neither the `plugin` pooling task nor raw multimodal inputs; the V1 runner has both
+# (its sampler, never used by a pooling model, would otherwise want FlashInfer installed).
+_KIND_ENVIRONMENT: dict[ModelKind, dict[str, str]] = {
+    ModelKind.IMAGE_RANK: {"VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+}
+
+
+@contextmanager
+def _engine_environment(values: dict[str, str]) -> Iterator[None]:
+    """Set while one engine starts: its processes inherit them, the server's other engines (started
+    one after another) do not. vLLM reads these in the engine's own processes."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @dataclass
@@ -109,9 +138,10 @@ def engine_args(settings: ModelSettings) -> AsyncEngineArgs:
 def _start(model: ServedModel) -> None:
     # The server context picks the engine defaults `vllm serve` gets (on an H200: 8192 batched
     # tokens per step, not the library's 2048, which split a 20-document request over two steps).
-    engine = AsyncLLM.from_engine_args(
-        engine_args(model.settings), usage_context=UsageContext.OPENAI_API_SERVER
-    )
+    with _engine_environment(_KIND_ENVIRONMENT.get(model.settings.kind, {})):
+        engine = AsyncLLM.from_engine_args(
+            engine_args(model.settings), usage_context=UsageContext.OPENAI_API_SERVER
+        )
     try:
         # Loaded through the entry point, exactly as `vllm serve` would load it.
         plugin, expected = IO_PROCESSORS[model.settings.kind]

@@ -10,21 +10,27 @@ Rows never mix: text attention is causal inside a row, cross-attention reads onl
 image, pooling averages only the row's real text tokens. Padding of any kind (text ids to
 ``max_text_tokens``, rows added by the runner for a CUDA-graph size) therefore cannot change a
 score. The runner's row order is checked against each request's marker, never assumed.
+
+CUDA graphs: vLLM hands raw inputs to ``forward`` as fresh tensors every step, and a replayed
+graph reads the addresses it was captured with. So ``forward`` (never captured) copies each
+step's rows into persistent buffers, and only :class:`ImageRankerCore`, compiled and captured
+piecewise, reads them. A full-model graph would replay warm-up inputs; ``forward`` refuses to be
+captured that way (``cudagraph_mode`` must be ``PIECEWISE`` or ``NONE``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import BatchFeature, CLIPConfig
+from vllm.compilation.decorators import support_torch_compile
 from vllm.config import VllmConfig
 from vllm.config.multimodal import MultiModalDummyOptions
 from vllm.inputs import MultiModalDataDict, MultiModalInput, mm_input
-from vllm.model_executor.layers.attention import MMEncoderAttention
 from vllm.model_executor.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from vllm.model_executor.layers.pooler import IdentityPooler
 from vllm.model_executor.models.clip import CLIPEncoder, CLIPTextEmbeddings, CLIPVisionTransformer
@@ -153,19 +159,37 @@ class ImageRankMultiModalProcessor(BaseMultiModalProcessor[ImageRankProcessingIn
         )
 
 
-class CausalSelfAttention(nn.Module):
-    """CLIP's text attention (causal) in the interface vLLM's ``CLIPEncoder`` expects of its
-    attention class; rows are independent, so right padding never reaches a real token."""
+class RowAttention(nn.Module):
+    """Attention inside each row of a [rows, length, heads * head_size] batch, queries and keys
+    of any lengths, in the interface vLLM's ``CLIPEncoder`` expects of its attention class.
+
+    Not vLLM's ``MMEncoderAttention``: its CUDA flash path describes keys with the queries'
+    sequence lengths, so cross-attention (77 text queries, 577 image keys) mixes rows on a GPU
+    while the CPU path is right. Torch's SDPA picks a flash or memory-efficient kernel itself.
+    """
+
+    causal: ClassVar[bool] = False
 
     def __init__(self, num_heads: int, head_size: int, scale: float, prefix: str = "") -> None:
         super().__init__()
         self.num_heads, self.head_size, self.scale = num_heads, head_size, scale
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-        rows, length, _ = query.shape
-        q, k, v = (t.view(rows, length, self.num_heads, self.head_size).transpose(1, 2) for t in (query, key, value))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
+        rows, length = query.shape[:2]
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(rows, t.shape[1], self.num_heads, self.head_size).transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(
+            heads(query), heads(key), heads(value), is_causal=self.causal, scale=self.scale
+        )
         return out.transpose(1, 2).reshape(rows, length, self.num_heads * self.head_size)
+
+
+class CausalRowAttention(RowAttention):
+    """CLIP's text attention: right padding never reaches a real token."""
+
+    causal = True
 
 
 class CrossAttentionAdapter(nn.Module):
@@ -179,7 +203,7 @@ class CrossAttentionAdapter(nn.Module):
         self.key = ColumnParallelLinear(vision_dim, dim, bias=True, gather_output=False, prefix=f"{prefix}.key")
         self.value = ColumnParallelLinear(vision_dim, dim, bias=True, gather_output=False, prefix=f"{prefix}.value")
         self.output = RowParallelLinear(dim, dim, bias=True, input_is_parallel=True, prefix=f"{prefix}.output")
-        self.attn = MMEncoderAttention(heads // tp, head_dim, head_dim**-0.5, prefix=f"{prefix}.attn")
+        self.attn = RowAttention(heads // tp, head_dim, head_dim**-0.5, prefix=f"{prefix}.attn")
         self.norm = nn.LayerNorm(dim)
 
     def forward(self, text: torch.Tensor, vision: torch.Tensor) -> torch.Tensor:
@@ -202,6 +226,7 @@ class ScoreHead(nn.Module):
         return score.squeeze(-1)
 
 
+@support_torch_compile(dynamic_arg_dims={"pixel_values": 0, "text_ids": 0, "text_len": 0})
 class ImageRankerCore(nn.Module):
     """Scores rows of (pixels, query ids, query length); every op is row-local."""
 
@@ -209,7 +234,7 @@ class ImageRankerCore(nn.Module):
         super().__init__()
         text, vision = config.text_config, config.vision_config
         self.text_embeddings = CLIPTextEmbeddings(text)
-        self.text_encoder = CLIPEncoder(text, prefix=f"{prefix}.text_encoder", attn_cls=CausalSelfAttention)
+        self.text_encoder = CLIPEncoder(text, prefix=f"{prefix}.text_encoder", attn_cls=CausalRowAttention)
         self.text_norm = nn.LayerNorm(text.hidden_size, eps=text.layer_norm_eps)
         self.vision_model = CLIPVisionTransformer(vision, prefix=f"{prefix}.vision_model")
         self.adapter = CrossAttentionAdapter(
@@ -221,7 +246,7 @@ class ImageRankerCore(nn.Module):
         positions = torch.arange(text_ids.shape[1], device=text_ids.device).expand_as(text_ids)
         text = self.text_embeddings(text_ids, positions)
         text = self.text_norm(self.text_encoder(text, return_all_hidden_states=False))
-        vision = self.vision_model(pixel_values.to(text.dtype))
+        vision = self.vision_model(pixel_values)
         fused = self.adapter(text, vision)
         real = (positions < text_len.unsqueeze(1)).to(fused.dtype).unsqueeze(-1)
         pooled = (fused * real).sum(1) / real.sum(1).clamp(min=1)
@@ -267,9 +292,20 @@ class ClipImageRanker(nn.Module, IsAttentionFree, SupportsMultiModal):
         super().__init__()
         config: CLIPConfig = vllm_config.model_config.hf_config
         self.settings = ImageRankSettings.from_hf_config(config)
-        self.core = ImageRankerCore(config, self.settings, prefix=f"{prefix}.core" if prefix else "core")
+        self.core = ImageRankerCore(
+            config=config, settings=self.settings, prefix=f"{prefix}.core" if prefix else "core"
+        )
         self.pooler = IdentityPooler()
         self._embed_size = vllm_config.model_config.get_inputs_embeds_size()
+        # Persistent inputs of the captured core: one row per request a step can hold, or per
+        # row of the largest CUDA-graph size if that is larger.
+        compilation = vllm_config.compilation_config
+        rows = max(vllm_config.scheduler_config.max_num_seqs, max(compilation.cudagraph_capture_sizes or [0]))
+        size, tokens = self.settings.image_size, self.settings.max_text_tokens
+        dtype = vllm_config.model_config.dtype
+        self.register_buffer("_pixels", torch.zeros(rows, 3, size, size, dtype=dtype), persistent=False)
+        self.register_buffer("_text_ids", torch.zeros(rows, tokens, dtype=torch.int64), persistent=False)
+        self.register_buffer("_text_len", torch.ones(rows, dtype=torch.int64), persistent=False)
 
     def embed_input_ids(
         self,
@@ -289,18 +325,28 @@ class ClipImageRanker(nn.Module, IsAttentionFree, SupportsMultiModal):
         inputs_embeds: torch.Tensor | None = None,
         **kwargs: object,
     ) -> torch.Tensor:
-        rows = positions.shape[0]
-        out = torch.zeros(rows, 1, dtype=torch.float32, device=positions.device)
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "ClipImageRanker cannot run inside a full CUDA graph (it would replay warm-up "
+                "inputs); use compilation_config.cudagraph_mode PIECEWISE or NONE"
+            )
+        rows = positions.shape[0]  # requests of the step, plus padding up to a graph size
+        if rows > self._pixels.shape[0]:
+            raise RuntimeError(f"{rows} rows exceed the {self._pixels.shape[0]} the model was sized for")
         pixel_values = kwargs.get("pixel_values")
-        if pixel_values is None:  # a step without raw inputs (profiling of the token path)
-            return out
-        pixel_values, text_ids, text_len, marker = (
-            _stacked(kwargs[name]) for name in FIELDS  # type: ignore[arg-type]
+        if pixel_values is not None:  # absent only in steps without requests (profiling)
+            pixel_values, text_ids, text_len, marker = (
+                _stacked(kwargs[name]) for name in FIELDS  # type: ignore[arg-type]
+            )
+            used = len(marker)
+            order = _row_order(input_ids, marker, used)
+            self._pixels[:used].copy_(pixel_values[order])
+            self._text_ids[:used].copy_(text_ids[order])
+            self._text_len[:used].copy_(text_len[order])
+        scores = self.core(
+            pixel_values=self._pixels[:rows], text_ids=self._text_ids[:rows], text_len=self._text_len[:rows]
         )
-        order = _row_order(input_ids, marker, len(marker))
-        scores = self.core(pixel_values[order], text_ids[order], text_len[order])
-        out[: len(marker), 0] = scores.float()
-        return out
+        return scores.float().unsqueeze(-1)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         loaded = AutoWeightsLoader(self).load_weights(weights, mapper=_MAPPER)

@@ -96,8 +96,9 @@ def image_processor(settings: ImageRankSettings) -> CLIPImageProcessorPil:
 class ImageRankReference:
     """Scores (query, image bytes) the Hugging Face way, for parity checks."""
 
-    def __init__(self, path: str | Path, dtype: torch.dtype = torch.float32) -> None:
-        self.model = ClipImageRanker.from_pretrained(path, dtype=dtype).eval()
+    def __init__(self, path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> None:
+        self.model = ClipImageRanker.from_pretrained(path, dtype=dtype).eval().to(device)
+        self.device = device
         self.settings = ImageRankSettings.from_hf_config(self.model.config)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.processor = image_processor(self.settings)
@@ -110,7 +111,7 @@ class ImageRankReference:
             chunk = images[start : start + batch_size]
             pixels = self.processor(
                 [Image.open(io.BytesIO(b)) for b in chunk], return_tensors="pt"
-            )["pixel_values"].to(self.dtype)
+            )["pixel_values"].to(self.device, self.dtype)
             text = self.tokenizer(
                 [query] * len(chunk),
                 truncation=True,
@@ -118,6 +119,7 @@ class ImageRankReference:
                 padding=True,
                 return_tensors="pt",
             )
+            text = text.to(self.device)
             out = self.model(text["input_ids"], text["attention_mask"], pixels)
             scores += out.float().tolist()
         return scores

@@ -25,33 +25,37 @@ QUERIES = [
 IMAGE_RANK_SECTION = {"adapter_dim": 64, "adapter_heads": 2, "max_images": 64}
 
 
-def build_image_ranker(target: Path) -> None:
+# Tiny towers for the CPU demo and tests; the benchmarks pass CLIP ViT-L/14-336's shapes.
+TINY_TEXT = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+             "max_position_embeddings": 32}
+TINY_VISION = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+               "image_size": 32, "patch_size": 8}
+VIT_L_336_TEXT = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
+                  "num_attention_heads": 12, "max_position_embeddings": 77}
+VIT_L_336_VISION = {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24,
+                    "num_attention_heads": 16, "image_size": 336, "patch_size": 14}
+
+
+def build_image_ranker(
+    target: Path,
+    text: dict[str, int] = TINY_TEXT,
+    vision: dict[str, int] = TINY_VISION,
+    section: dict[str, object] = IMAGE_RANK_SECTION,
+) -> None:
     tokenizer = build_bpe_tokenizer(target, extra_corpus=QUERIES)
     config = CLIPConfig(
         text_config={
+            **text,
             "vocab_size": len(tokenizer),
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "max_position_embeddings": 32,
             "pad_token_id": tokenizer.pad_token_id,
-            "initializer_factor": 4.0,
             "bos_token_id": tokenizer.cls_token_id,
             "eos_token_id": tokenizer.sep_token_id,
-        },
-        vision_config={
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "image_size": 32,
-            "patch_size": 8,
             "initializer_factor": 4.0,
         },
-        projection_dim=64,
+        vision_config={**vision, "initializer_factor": 4.0},
+        projection_dim=text["hidden_size"],
     )
-    setattr(config, CONFIG_KEY, IMAGE_RANK_SECTION)
+    setattr(config, CONFIG_KEY, section)
     model = ClipImageRanker(config).eval()
     # Wide random adapter weights spread the scores far beyond numerical noise.
     with torch.no_grad():
