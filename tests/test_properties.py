@@ -11,8 +11,10 @@ import grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scoring.v1 import absa_pb2, absa_pb2_grpc, common_pb2, rerank_pb2, rerank_pb2_grpc
+from image_server import gif_bytes, png_header_only
+from scoring.v1 import absa_pb2, absa_pb2_grpc, common_pb2, image_rank_pb2, image_rank_pb2_grpc, rerank_pb2, rerank_pb2_grpc
 from scoring_client import ScoringClient, ScoringError
+from scoring_server.demo.image_rank import sample_images
 
 RERANK_MODELS = ["minilm", "bert-cross-encoder", "qwen3-seq-cls", "colbert", "no-such-model"]
 ABSA_MODELS = ["absa-bert", "absa-modernbert", "minilm"]
@@ -144,6 +146,64 @@ def test_any_absa_request_keeps_the_invariants(channel: grpc.Channel, client: Sc
     OUTCOMES["absa ok"] += 1
 
 
+_IMAGES = sample_images(4, seed=11)
+_BAD_IMAGES = [b"", b"junk", gif_bytes(), png_header_only(80_000, 80_000), _IMAGES[0][: len(_IMAGES[0]) // 2]]
+_URLS = ["http://127.0.0.1:9/none.png", "ftp://example.com/a.png", "file:///etc/passwd", "http://10.0.0.1/a.jpg",
+         "http://[::1]:9/a.png", "not a url", "https://"]
+
+
+@st.composite
+def image_rank_requests(draw: st.DrawFn) -> image_rank_pb2.RankImagesRequest:
+    request = image_rank_pb2.RankImagesRequest(
+        query=draw(texts), model=draw(st.sampled_from(["image-ranker"] * 6 + ["minilm"]))
+    )
+    for _ in range(draw(st.integers(min_value=0, max_value=8))):
+        kind = draw(st.sampled_from(["good"] * 6 + ["bad", "url", "none"]))
+        item = request.images.add()
+        if kind == "good":
+            item.data = draw(st.sampled_from(_IMAGES))  # duplicates on purpose
+        elif kind == "bad":
+            item.data = draw(st.sampled_from(_BAD_IMAGES))
+        elif kind == "url":
+            item.url = draw(st.sampled_from(_URLS))
+        if draw(st.booleans()):
+            item.id = draw(st.text(max_size=8))
+    if (top_n := draw(st.one_of(st.none(), st.integers(min_value=0, max_value=10)))) is not None:
+        request.top_n = top_n
+    if (truncation := draw(truncations)) is not None:
+        request.truncation.CopyFrom(truncation)
+    return request
+
+
+@SETTINGS
+@given(request=image_rank_requests())
+def test_any_image_rank_request_keeps_the_invariants(channel: grpc.Channel, client: ScoringClient, request) -> None:
+    try:
+        response = image_rank_pb2_grpc.ImageRankServiceStub(channel).RankImages(request, timeout=60)
+    except grpc.RpcError as error:
+        _failed_cleanly(error)
+        assert client.health() == "SERVING"
+        return
+    results = list(response.results)
+    scored = [r for r in results if not r.HasField("error")]
+    failed = [r for r in results if r.HasField("error")]
+    assert results == scored + failed  # failures last
+    indices = [r.index for r in results]
+    assert len(set(indices)) == len(indices) and set(indices) <= set(range(len(request.images)))
+    assert [r.index for r in failed] == sorted(r.index for r in failed)
+    n_ok = len(request.images) - len(failed)
+    assert len(scored) == (n_ok if not request.HasField("top_n") else min(request.top_n, n_ok))
+    scores = [r.score for r in scored]
+    assert all(math.isfinite(s) for s in scores) and scores == sorted(scores, reverse=True)
+    by_file: dict[bytes, float] = {}
+    for r in scored:
+        assert request.images[r.index].data in _IMAGES
+        assert by_file.setdefault(request.images[r.index].data, r.score) == r.score  # duplicates tie exactly
+    for r in failed:
+        assert r.error.code != 0 and f"images[{r.index}]" in r.error.message
+    OUTCOMES["image ok"] += 1
+
+
 def test_the_properties_reached_successful_calls() -> None:
-    """Guards the two tests above: generated requests must not all be rejected."""
-    assert OUTCOMES["rerank ok"] >= 5 and OUTCOMES["absa ok"] >= 5, OUTCOMES
+    """Guards the tests above: generated requests must not all be rejected."""
+    assert OUTCOMES["rerank ok"] >= 5 and OUTCOMES["absa ok"] >= 5 and OUTCOMES["image ok"] >= 5, OUTCOMES

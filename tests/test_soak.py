@@ -1,4 +1,4 @@
-"""Soak: sustained mixed traffic (rerank and ABSA, valid, invalid, cancelled, past-deadline)
+"""Soak: sustained mixed traffic (rerank, ABSA and image ranking, valid, invalid, cancelled, past-deadline)
 from several threads over loopback, bounded in time and count. Zero unexpected outcomes, flat
 memory (RSS of the server's process tree, sampled each second), empty request state at the end.
 
@@ -20,8 +20,9 @@ import grpc
 import psutil
 
 from conftest import RunningServer
-from scoring.v1 import absa_pb2, absa_pb2_grpc, rerank_pb2, rerank_pb2_grpc
+from scoring.v1 import absa_pb2, absa_pb2_grpc, image_rank_pb2, image_rank_pb2_grpc, rerank_pb2, rerank_pb2_grpc
 from scoring_client import ScoringClient
+from scoring_server.demo.image_rank import sample_images
 
 SECONDS = float(os.environ.get("SCORING_SOAK_SECONDS", "20"))
 MAX_CALLS = int(os.environ.get("SCORING_SOAK_MAX_CALLS", "200000"))
@@ -30,6 +31,7 @@ THREADS = 4
 RSS_GROWTH_LIMIT_MB = float(os.environ.get("SCORING_SOAK_RSS_GROWTH_MB", "64"))
 DOCS = [f"document {i} about cats, dogs, rain and the stock market" for i in range(16)]
 REVIEW = "The food was delicious but the wait was far too long."
+IMAGES = sample_images(6, seed=5)
 EXPECTED = {
     "ok": {grpc.StatusCode.OK},
     "invalid": {grpc.StatusCode.INVALID_ARGUMENT},
@@ -46,7 +48,12 @@ def _rss_mb(pid: int) -> float:
 
 def _call(channel: grpc.Channel, i: int) -> tuple[str, grpc.StatusCode]:
     kind = ["ok", "ok", "invalid", "cancelled", "deadline"][i % 5]
-    if i % 2:
+    if i % 3 == 2:
+        stub = image_rank_pb2_grpc.ImageRankServiceStub(channel).RankImages
+        request = image_rank_pb2.RankImagesRequest(query="" if kind == "invalid" else "cozy cafe")
+        for j in range(1 + i % 6):
+            request.images.add(data=IMAGES[(i + j) % 6] if j % 4 != 3 else b"not an image")
+    elif i % 2:
         stub = rerank_pb2_grpc.RerankServiceStub(channel).Rerank
         request = rerank_pb2.RerankRequest(
             query="" if kind == "invalid" else "cats",
