@@ -35,6 +35,9 @@ def test_python_example(demo_server: RunningServer) -> None:
     judged = [line.split()[:2] for line in done.stdout.splitlines() if line.split()[:1] in (["food"], ["wait"], ["직원"])]
     assert [a for a, _ in judged] == ["food", "wait", "직원"], done.stdout
     assert all(label in ("negative", "neutral", "positive") for _, label in judged), done.stdout
+    images = [line.split(maxsplit=3) for line in done.stdout.splitlines() if line[:4] in ("0 a ", "1 b ")]
+    assert images[0][:2] == ["0", "a"] and float(images[0][2]) == float(images[0][2]), done.stdout
+    assert images[1][:3] == ["1", "b", "None"] and "images[1].url" in images[1][3], done.stdout
 
 
 @pytest.mark.parametrize(
