@@ -51,3 +51,21 @@ def test_absa_bench_cpu_smoke(tmp_path: Path) -> None:
         assert abs(level["tokens_per_item"] - report["tokens_per_item"]) < 0.05 * report["tokens_per_item"]
     assert "| grpc (ours) | 1 |" in done.stdout
     assert report_file.with_suffix(".png").stat().st_size > 10_000
+
+
+def test_image_rank_bench_cpu_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "image_rank.py"), "--cpu-smoke",
+         "--out", str(out), "--work", str(tmp_path / "work")],
+        capture_output=True, text=True, timeout=1200, env=tool_env(),
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    (report_file,) = out.glob("image-rank-*.json")
+    report = json.loads(report_file.read_text())
+    assert {level["system"] for level in report["levels"]} == {"grpc (ours), inline JPEG", "grpc (ours), URLs"}
+    assert report["hf_items_per_s"] > 0
+    for level in report["levels"]:
+        assert level["errors"] == 0 and level["requests"] > 0 and level["items_per_request"] == 4
+    assert "| grpc (ours), URLs | 2 |" in done.stdout
+    assert report_file.with_suffix(".png").stat().st_size > 10_000

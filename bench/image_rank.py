@@ -1,0 +1,217 @@
+"""Image-ranking benchmark: our gRPC server with inline JPEG bytes and with URLs served by a local
+HTTP server, against the Hugging Face model's own forward pass (offline, best batch, pixels already
+prepared: an upper bound for any hand-rolled HF server). `vllm serve` has no path for this model
+(the image_ranker processor is driven by our server), so it is not a baseline here.
+
+CLIP ViT-L/14-336-shaped towers + the cross-attention adapter (random weights: speed does not
+depend on weight values), 10 images of 1024x768 per request (a listing's photos), 64 distinct
+pictures drawn at random, closed-loop load (see harness.py).
+
+    python bench/image_rank.py --out bench/results                 # GPU, bf16
+    python bench/image_rank.py --cpu-smoke --out /tmp/bench        # CPU: harness check only
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness import (
+    Level, Report, closed_loop, conditions, free_port, grpc_serving, log, offline_rate, ratio, start, stop,
+    wait_ready, write_results,
+)
+
+
+@dataclass
+class Scenario:
+    name: str
+    dtype: str
+    tiny: bool
+    image_size: tuple[int, int]
+    images_per_request: int
+    concurrency: list[int]
+    seconds_per_level: float
+    enforce_eager: bool
+    gpu_memory_utilization: float
+    hf_batch: int
+    deployment: dict[str, Any] = field(default_factory=dict)
+
+
+GPU = Scenario("clip-vit-l-336-shaped", "bfloat16", False, (1024, 768), 10, [1, 4, 16], 15.0, False, 0.4, 64,
+               {"decode_workers": 8, "fetch_workers": 32})
+CPU_SMOKE = Scenario("clip-tiny", "float32", True, (96, 72), 4, [1, 2], 2.0, True, 0.05, 8)
+Request = tuple[str, list[int]]
+
+
+def build(scenario: Scenario, target: Path) -> Path:
+    import torch
+
+    from scoring_server.demo.image_rank import (
+        IMAGE_RANK_SECTION, VIT_L_336_TEXT, VIT_L_336_VISION, build_image_ranker,
+    )
+
+    if not (target / "config.json").exists():
+        torch.manual_seed(0)
+        if scenario.tiny:
+            build_image_ranker(target)
+        else:
+            section = {**IMAGE_RANK_SECTION, "adapter_dim": 768, "adapter_heads": 12}
+            build_image_ranker(target, VIT_L_336_TEXT, VIT_L_336_VISION, section)
+    return target
+
+
+def make_requests(scenario: Scenario, n: int, pictures: int, seed: int = 0) -> list[Request]:
+    from scoring_server.demo.image_rank import QUERIES
+
+    rng = random.Random(seed)
+    return [(rng.choice(QUERIES), rng.sample(range(pictures), scenario.images_per_request)) for _ in range(n)]
+
+
+async def bench_grpc(model: Path, scenario: Scenario, images: list[bytes], requests: list[Request], work: Path) -> list[Level]:
+    import grpc
+    import yaml
+
+    from scoring.v1 import image_rank_pb2, image_rank_pb2_grpc
+
+    picture_dir = work / "pictures"
+    picture_dir.mkdir(exist_ok=True)
+    for i, data in enumerate(images):
+        (picture_dir / f"{i}.jpg").write_bytes(data)
+    http_port, port = free_port(), free_port()
+    files = start([sys.executable, str(Path(__file__).with_name("picture_server.py")), str(picture_dir), str(http_port)],
+                  work / "pictures-http.log")
+    engine_args: dict[str, Any] = {"enforce_eager": scenario.enforce_eager}
+    if scenario.tiny:
+        engine_args["kv_cache_memory_bytes"] = 64 * 1024 * 1024
+    config = work / "image-grpc-server.yaml"
+    config.write_text(yaml.safe_dump({"port": port, "host": "127.0.0.1", "models": [{
+        "name": "images", "kind": "image_rank", "path": str(model), "dtype": scenario.dtype,
+        "gpu_memory_utilization": scenario.gpu_memory_utilization, "engine_args": engine_args,
+        "hf_overrides": {"scoring_image_rank_overrides": {**scenario.deployment, "allowed_networks": ["127.0.0.1/32"]}},
+    }]}))
+    log("grpc: starting our server")
+    server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], work / "image-grpc-server.log")
+    levels: list[Level] = []
+    try:
+        async with grpc.aio.insecure_channel(
+            f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 64 << 20)]
+        ) as channel:
+            await wait_ready(grpc_serving(channel), server, work / "image-grpc-server.log", "our server")
+            stub = image_rank_pb2_grpc.ImageRankServiceStub(channel)
+
+            def sender(by_url: bool):  # type: ignore[no-untyped-def]
+                async def send(request: Request) -> int:
+                    query, picks = request
+                    message = image_rank_pb2.RankImagesRequest(query=query)
+                    for i in picks:
+                        if by_url:
+                            message.images.add(url=f"http://127.0.0.1:{http_port}/{i}.jpg")
+                        else:
+                            message.images.add(data=images[i])
+                    response = await stub.RankImages(message, timeout=120)
+                    failed = [r.error.message for r in response.results if r.HasField("error")]
+                    if failed:
+                        raise RuntimeError(failed[0])
+                    return response.usage.prompt_tokens
+
+                return send
+
+            for system, by_url in (("grpc (ours), inline JPEG", False), ("grpc (ours), URLs", True)):
+                send = sender(by_url)
+                n = scenario.images_per_request
+                await closed_loop(send, requests, n, max(scenario.concurrency), min(5.0, scenario.seconds_per_level),
+                                  system + "-warmup")
+                levels += [await closed_loop(send, requests, n, c, scenario.seconds_per_level, system)
+                           for c in scenario.concurrency]
+    finally:
+        stop(server)
+        stop(files)
+    return levels
+
+
+def bench_hf(model: Path, scenario: Scenario, images: list[bytes], requests: list[Request]) -> float:
+    """The reference model's forward pass, best batch, pixels prepared beforehand."""
+    import io
+
+    import torch
+    from PIL import Image
+    from transformers import AutoTokenizer
+
+    from scoring_plugin.image_rank.settings import ImageRankSettings
+    from scoring_plugin.reference.image_rank import ClipImageRanker, image_processor
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = getattr(torch, scenario.dtype)
+    net = ClipImageRanker.from_pretrained(model, dtype=dtype).to(device).eval()
+    settings = ImageRankSettings.from_hf_config(net.config)
+    pixels = image_processor(settings)([Image.open(io.BytesIO(b)) for b in images], return_tensors="pt")["pixel_values"]
+    pixels = pixels.to(device, dtype)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    pairs = [(query, i) for query, picks in requests for i in picks]
+
+    def forward(chunk: list[tuple[str, int]]) -> None:
+        text = tokenizer([q for q, _ in chunk], padding=True, truncation=True,
+                         max_length=settings.max_text_tokens, return_tensors="pt").to(device)
+        net(text["input_ids"], text["attention_mask"], pixels[[i for _, i in chunk]]).float().cpu()
+
+    return offline_rate(forward, pairs, scenario.hf_batch)
+
+
+def table(report: Report) -> str:
+    s = report.scenario
+    lines = [
+        f"Image ranking, {s['name']}, {s['dtype']}, {s['images_per_request']} images of "
+        f"{s['image_size'][0]}x{s['image_size'][1]} JPEG per request, closed loop, {report.conditions['device']}",
+        "",
+        "| system | concurrency | images/s | p50 ms | p95 ms | p99 ms | errors | vs HF forward (best batch) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for l in report.levels:
+        lines.append(f"| {l.system} | {l.concurrency} | {l.items_per_s:,.0f} | {l.p50_ms:.1f} | {l.p95_ms:.1f} | "
+                     f"{l.p99_ms:.1f} | {l.errors} | {ratio(l.items_per_s, report.hf_items_per_s)} |")
+    if report.hf_items_per_s:
+        lines.append(f"| HF forward only (offline, batch {s['hf_batch']}, pixels prepared) | - | "
+                     f"{report.hf_items_per_s:,.0f} | - | - | - | 0 | 1.00x |")
+    return "\n".join(lines)
+
+
+async def main_async(args: argparse.Namespace) -> Report:
+    from scoring_server.demo.image_rank import sample_images
+
+    scenario = CPU_SMOKE if args.cpu_smoke else GPU
+    if args.seconds_per_level:
+        scenario.seconds_per_level = args.seconds_per_level
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    model = build(scenario, work / scenario.name)
+    images = [b for b in sample_images(64 * 3, seed=1, size=scenario.image_size)][::3]  # the JPEGs
+    requests = make_requests(scenario, 200, len(images))
+    report = Report(asdict(scenario), conditions(), 0.0)
+    systems = args.systems.split(",")
+    if "hf" in systems:
+        report.hf_items_per_s = bench_hf(model, scenario, images, requests)
+    if "grpc" in systems:
+        report.levels += await bench_grpc(model, scenario, images, requests, work)
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cpu-smoke", action="store_true")
+    parser.add_argument("--systems", default="hf,grpc")
+    parser.add_argument("--seconds-per-level", type=float, help="override the scenario's")
+    parser.add_argument("--work", default="/tmp/scoring-bench")
+    parser.add_argument("--out", default="bench/results")
+    args = parser.parse_args()
+    report = asyncio.run(main_async(args))
+    stem = f"image-rank-{report.scenario['name']}-{report.scenario['dtype']}"
+    write_results(Path(args.out), stem, report, table(report))
+
+
+if __name__ == "__main__":
+    main()
