@@ -186,6 +186,7 @@ async def main_async(args: argparse.Namespace) -> Report:
     scenario = CPU_SMOKE if args.cpu_smoke else GPU
     if args.seconds_per_level:
         scenario.seconds_per_level = args.seconds_per_level
+    scenario.enforce_eager = scenario.enforce_eager or args.eager
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     model = build(scenario, work / scenario.name)
@@ -205,11 +206,13 @@ def main() -> None:
     parser.add_argument("--cpu-smoke", action="store_true")
     parser.add_argument("--systems", default="hf,grpc")
     parser.add_argument("--seconds-per-level", type=float, help="override the scenario's")
+    parser.add_argument("--eager", action="store_true", help="no CUDA graphs (skips compilation and capture)")
     parser.add_argument("--work", default="/tmp/scoring-bench")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
     report = asyncio.run(main_async(args))
-    stem = f"image-rank-{report.scenario['name']}-{report.scenario['dtype']}"
+    mode = "-eager" if report.scenario["enforce_eager"] and not args.cpu_smoke else ""
+    stem = f"image-rank-{report.scenario['name']}-{report.scenario['dtype']}{mode}"
     write_results(Path(args.out), stem, report, table(report))
 
 
