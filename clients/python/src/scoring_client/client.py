@@ -152,12 +152,20 @@ class RankImagesResult:
 ImageRef = bytes | str
 
 
-def _timings(timings: common_pb2.Timings) -> dict[str, float]:
+def _response_fields(response: Any) -> dict[str, Any]:
+    """What every scoring response reports besides its results."""
+    timings = response.timings
     return {
-        "queue": timings.queue_ms,
-        "inference": timings.inference_ms,
-        "postprocess": timings.postprocess_ms,
-        "total": timings.total_ms,
+        "model": response.model,
+        "dtype": common_pb2.Dtype.Name(response.dtype),
+        "request_id": response.request_id,
+        "prompt_tokens": response.usage.prompt_tokens,
+        "timings_ms": {
+            "queue": timings.queue_ms,
+            "inference": timings.inference_ms,
+            "postprocess": timings.postprocess_ms,
+            "total": timings.total_ms,
+        },
     }
 
 
@@ -260,11 +268,7 @@ class ScoringClient:
                 )
                 for r in response.results
             ],
-            model=response.model,
-            dtype=common_pb2.Dtype.Name(response.dtype),
-            request_id=response.request_id,
-            prompt_tokens=response.usage.prompt_tokens,
-            timings_ms=_timings(response.timings),
+            **_response_fields(response),
         )
 
     def analyze(
@@ -303,11 +307,7 @@ class ScoringClient:
                 )
                 for r in response.results
             ],
-            model=response.model,
-            dtype=common_pb2.Dtype.Name(response.dtype),
-            request_id=response.request_id,
-            prompt_tokens=response.usage.prompt_tokens,
-            timings_ms=_timings(response.timings),
+            **_response_fields(response),
         )
 
     def rank_images(
@@ -347,11 +347,7 @@ class ScoringClient:
                 )
                 for r in response.results
             ],
-            model=response.model,
-            dtype=common_pb2.Dtype.Name(response.dtype),
-            request_id=response.request_id,
-            prompt_tokens=response.usage.prompt_tokens,
-            timings_ms=_timings(response.timings),
+            **_response_fields(response),
         )
 
     def info(self, timeout: float | None = None) -> info_pb2.GetInfoResponse:

@@ -8,11 +8,15 @@ import dev.scoring.v1.AbsaServiceGrpc;
 import dev.scoring.v1.AnalyzeRequest;
 import dev.scoring.v1.GetInfoRequest;
 import dev.scoring.v1.GetInfoResponse;
+import dev.scoring.v1.ImageInput;
+import dev.scoring.v1.ImageRankServiceGrpc;
 import dev.scoring.v1.InfoServiceGrpc;
+import dev.scoring.v1.RankImagesRequest;
 import dev.scoring.v1.RerankDocument;
 import dev.scoring.v1.RerankRequest;
 import dev.scoring.v1.RerankResponse;
 import dev.scoring.v1.RerankServiceGrpc;
+import com.google.protobuf.ByteString;
 import io.grpc.ManagedChannel;
 import io.grpc.ManagedChannelBuilder;
 import io.grpc.Metadata;
@@ -43,6 +47,7 @@ public final class ScoringClient implements AutoCloseable {
   private final RerankServiceGrpc.RerankServiceFutureStub rerankFuture;
   private final InfoServiceGrpc.InfoServiceBlockingStub info;
   private final AbsaServiceGrpc.AbsaServiceBlockingStub absa;
+  private final ImageRankServiceGrpc.ImageRankServiceBlockingStub images;
 
   private ScoringClient(Builder builder) {
     ManagedChannelBuilder<?> channelBuilder =
@@ -66,6 +71,7 @@ public final class ScoringClient implements AutoCloseable {
     this.rerankFuture = RerankServiceGrpc.newFutureStub(channel);
     this.info = InfoServiceGrpc.newBlockingStub(channel);
     this.absa = AbsaServiceGrpc.newBlockingStub(channel);
+    this.images = ImageRankServiceGrpc.newBlockingStub(channel);
   }
 
   public static Builder builder() {
@@ -122,6 +128,21 @@ public final class ScoringClient implements AutoCloseable {
   public AnalyzeResult analyze(AnalyzeRequest request) {
     return new AnalyzeResult(
         blocking(() -> absa.withDeadlineAfter(deadline.toMillis(), TimeUnit.MILLISECONDS).analyze(request)));
+  }
+
+  /** Ranks encoded images (JPEG, PNG or WebP bytes, sent as they are) for a text query. */
+  public RankImagesResult rankImages(String query, List<byte[]> encodedImages) {
+    RankImagesRequest.Builder request = RankImagesRequest.newBuilder().setQuery(query);
+    for (byte[] image : encodedImages) {
+      request.addImages(ImageInput.newBuilder().setData(ByteString.copyFrom(image)));
+    }
+    return rankImages(request.build());
+  }
+
+  /** The full request: URLs, ids, top N, a model, query truncation. */
+  public RankImagesResult rankImages(RankImagesRequest request) {
+    return new RankImagesResult(
+        blocking(() -> images.withDeadlineAfter(deadline.toMillis(), TimeUnit.MILLISECONDS).rankImages(request)));
   }
 
   public GetInfoResponse info() {

@@ -8,10 +8,16 @@ import static org.junit.Assert.fail;
 
 import dev.scoring.v1.GetInfoResponse;
 import dev.scoring.v1.ModelInfo;
+import dev.scoring.v1.ModelKind;
 import io.grpc.Status;
+import java.awt.Color;
+import java.awt.Graphics2D;
+import java.awt.image.BufferedImage;
+import java.io.ByteArrayOutputStream;
 import java.io.File;
 import java.io.IOException;
 import java.net.ServerSocket;
+import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -19,6 +25,7 @@ import java.util.Collections;
 import java.util.List;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
+import javax.imageio.ImageIO;
 import org.junit.AfterClass;
 import org.junit.BeforeClass;
 import org.junit.Test;
@@ -45,7 +52,7 @@ public class ScoringClientTest {
     String python = System.getProperty("scoring.python", "python3");
     File log = new File("target/scoring-server.log");
     List<String> command = new ArrayList<>(Arrays.asList(python, "-m", "scoring_server", "--demo",
-        "--demo-models", "minilm,absa-bert", "--host", "127.0.0.1", "--port", String.valueOf(port)));
+        "--demo-models", "minilm,absa-bert,image-ranker", "--host", "127.0.0.1", "--port", String.valueOf(port)));
     String demoDir = System.getProperty("scoring.demoDir");
     if (demoDir != null && !demoDir.isEmpty()) {
       command.addAll(Arrays.asList("--demo-dir", demoDir));
@@ -203,8 +210,54 @@ public class ScoringClientTest {
     GetInfoResponse info = client.info();
     assertNotNull(info.getVllmVersion());
     for (ModelInfo model : info.getModelsList()) {
-      assertEquals(256, model.getMaxItemsPerRequest());
+      boolean images = model.getKind() == ModelKind.MODEL_KIND_IMAGE_RANK;
+      assertEquals(images ? 64 : 256, model.getMaxItemsPerRequest());
       assertTrue(model.getMaxTokensPerItem() > 0);
+      assertEquals(images, model.getMaxImageBytes() > 0);
     }
+  }
+
+  private static byte[] png(int width, int height, Color color) throws IOException {
+    BufferedImage image = new BufferedImage(width, height, BufferedImage.TYPE_INT_RGB);
+    Graphics2D g = image.createGraphics();
+    g.setColor(color);
+    g.fillRect(0, 0, width, height);
+    g.setColor(Color.WHITE);
+    g.fillOval(width / 4, height / 4, width / 2, height / 2);
+    g.dispose();
+    ByteArrayOutputStream out = new ByteArrayOutputStream();
+    ImageIO.write(image, "png", out);
+    return out.toByteArray();
+  }
+
+  @Test
+  public void rankImagesScoresEveryLoadableImageAndNamesTheBrokenOne() throws IOException {
+    byte[] red = png(80, 60, Color.RED);
+    byte[] blue = png(60, 90, Color.BLUE);
+    byte[] broken = "not an image".getBytes(StandardCharsets.UTF_8);
+    RankImagesResult result = client.rankImages("cozy cafe interior", Arrays.asList(red, broken, blue, red));
+    assertEquals("image-ranker", result.model);
+    assertEquals("DTYPE_FLOAT32", result.dtype);
+    assertEquals(4, result.results.size());
+    List<RankImagesResult.RankedImage> scored = result.results.subList(0, 3);
+    for (int i = 1; i < scored.size(); i++) {
+      assertTrue(scored.get(i - 1).score >= scored.get(i).score);
+      assertTrue(scored.get(i).error == null);
+    }
+    double first = Double.NaN;
+    double last = Double.NaN;
+    for (RankImagesResult.RankedImage image : scored) {
+      if (image.index == 0) {
+        first = image.score;
+      } else if (image.index == 3) {
+        last = image.score;
+      }
+    }
+    assertEquals(first, last, 0.0); // the same image twice: the same score
+    RankImagesResult.RankedImage failed = result.results.get(3);
+    assertEquals(1, failed.index);
+    assertEquals(Status.Code.INVALID_ARGUMENT, failed.error.getCode());
+    assertTrue(failed.error.getDescription().contains("images[1].data"));
+    assertTrue(Double.isNaN(failed.score));
   }
 }
