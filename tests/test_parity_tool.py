@@ -84,3 +84,20 @@ def test_gate_fails_on_mismatch() -> None:
     assert failures(report, 0.9, 1e-4) == []
     loose = {"reference_vs_plugin_fp32": good, "single_vs_batched_fp32": {**good, "max_abs_prob_diff": 0.1}}
     assert failures(loose, 1.0, 1e-4) == ["single_vs_batched_fp32: max difference 0.1 > 0.0001"]
+
+
+def test_image_rank_parity_report(tmp_path: Path, demo_models: dict[str, object]) -> None:
+    from scoring_server.demo.image_rank import QUERIES, sample_images
+
+    names = []
+    for i, data in enumerate(sample_images(9, seed=4, size=(120, 90))):
+        names.append(f"picture-{i}.bin")
+        (tmp_path / names[-1]).write_bytes(data)
+    rows = [{"query": q, "images": names[k : k + 5]} for k, q in enumerate(QUERIES[:3])]
+    report, _ = _run(tmp_path, demo_models["image-ranker"].path, rows)
+    assert report["kind"] == "image_rank"
+    fp32 = report["reference_vs_plugin_fp32"]
+    assert fp32["queries"] == 3 and fp32["documents"] == 15
+    assert fp32["orderings_match"] == 3 and fp32["max_abs_score_diff"] < 1e-4
+    assert report["single_vs_batched_fp32"]["max_abs_score_diff"] < 1e-4
+    assert report["duplicates_identical"]["orderings_match"] == 3

@@ -16,9 +16,10 @@ from typing import Any
 
 from transformers import AutoConfig
 
-from scoring_plugin.models import ABSA_ARCHITECTURES
+from scoring_plugin.models import ABSA_ARCHITECTURES, IMAGE_RANK_ARCHITECTURE
 from scoring_server.config import ModelKind, ModelSettings
 from scoring_server.parity.absa import absa_report
+from scoring_server.parity.image_rank import image_rank_report
 from scoring_server.parity.rerank import rerank_report
 
 # CPU defaults that let one host start two small engines; override with --engine-args.
@@ -29,7 +30,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="scoring-parity", description=__doc__)
     parser.add_argument("--checkpoint", required=True, type=Path)
     parser.add_argument("--inputs", required=True, type=Path, help="JSONL; see the README")
-    parser.add_argument("--kind", choices=["rerank", "absa"], help="default: from the architecture")
+    parser.add_argument("--kind", choices=["rerank", "absa", "image_rank"], help="default: from the architecture")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                         help="the serving dtype, compared with fp32")
     parser.add_argument("--hf-overrides", type=json.loads, default={})
@@ -47,6 +48,8 @@ def _kind(args: argparse.Namespace) -> ModelKind:
     if args.kind:
         return ModelKind(args.kind)
     architectures = args.hf_overrides.get("architectures") or AutoConfig.from_pretrained(args.checkpoint).architectures
+    if IMAGE_RANK_ARCHITECTURE in (architectures or []):
+        return ModelKind.IMAGE_RANK
     return ModelKind.ABSA if set(architectures or []) & set(ABSA_ARCHITECTURES) else ModelKind.RERANK
 
 
@@ -95,8 +98,11 @@ def main(argv: list[str] | None = None) -> None:
         max_items_per_request=min(len(rows), 1024) if kind is ModelKind.ABSA else 1000,
         engine_args={**_ENGINE_DEFAULTS, **args.engine_args},
     )
-    build = absa_report if kind is ModelKind.ABSA else rerank_report
-    report = asyncio.run(build(settings, rows, args.dtype))
+    if kind is ModelKind.IMAGE_RANK:
+        report = asyncio.run(image_rank_report(settings, rows, args.dtype, args.inputs.parent))
+    else:
+        build = absa_report if kind is ModelKind.ABSA else rerank_report
+        report = asyncio.run(build(settings, rows, args.dtype))
     report = {"kind": kind.value, "checkpoint": str(args.checkpoint), "dtype": args.dtype, **report}
     print(f"parity report: {kind.value} {args.checkpoint} (serving dtype {args.dtype})")
     print(render({k: v for k, v in report.items() if isinstance(v, dict)}))
