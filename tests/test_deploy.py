@@ -152,6 +152,11 @@ def test_each_inference_service_uses_the_runtime_with_explicit_dtype_and_drain()
         if parsed.model_kind == "rerank":
             settings = settings_from_args(parsed)
             assert settings.models[0].dtype == "bfloat16" and settings.port == 8081
+        if parsed.model_kind == "image_rank":
+            (model,) = settings_from_args(parsed).models
+            assert model.effective_hf_overrides()["scoring_image_rank_overrides"] == {
+                "fetch_timeout_s": 2.0, "max_images": 64,
+            }
     assert kinds == {"rerank", "absa", "image_rank"}
 
 
