@@ -5,12 +5,13 @@ server, request validation, deadlines, and nothing left behind."""
 from __future__ import annotations
 
 import time
+import urllib.request
 from collections.abc import Iterator
 
 import grpc
 import pytest
 
-from conftest import DEMO_DIR
+from conftest import DEMO_DIR, RunningServer
 from image_server import ImageServer, png_header_only
 from scoring.v1 import image_rank_pb2
 from scoring_client import ScoringClient, ScoringError
@@ -122,6 +123,18 @@ def test_failed_images_are_item_errors_and_the_rest_is_ranked(
     assert [r.error.code for r in failed] == expected_codes  # type: ignore[union-attr]
     for r in failed:
         assert f"images[{r.index}]." in r.error.message and r.score is None  # type: ignore[union-attr]
+
+
+def test_image_errors_are_counted_by_reason(client: ScoringClient, demo_server: RunningServer, images: list[bytes]) -> None:
+    def count(reason: str) -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{demo_server.metrics_port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        line = f'scoring_image_errors_total{{model="{MODEL}",reason="{reason}"}} '
+        return sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith(line))
+
+    before = count("invalid_image"), count("url_forbidden")
+    client.rank_images(QUERIES[0], [images[0], b"junk", b"more junk", "http://10.1.1.1/a.png"])
+    assert (count("invalid_image"), count("url_forbidden")) == (before[0] + 2, before[1] + 1)
 
 
 def test_top_n_keeps_the_best_and_all_errors(client: ScoringClient, images: list[bytes]) -> None:

@@ -43,6 +43,12 @@ TOKENS = Histogram(
     "scoring_prompt_tokens_per_request", "Engine prompt tokens per scoring call.", ["model"],
     buckets=(16, 64, 256, 1024, 4096, 16384, 65536, 262144),
 )
+IMAGE_ERRORS = Counter(
+    "scoring_image_errors_total",
+    "Images that could not be scored (their calls still answered), by reason: invalid_image, "
+    "too_large, url_forbidden, not_found, fetch_failed, fetch_timeout.",
+    ["model", "reason"],
+)
 BUILD = Info("scoring_server", "Server version.")
 
 

@@ -17,6 +17,7 @@ from scoring_plugin.image_rank.types import (
 from scoring_server.config import ModelKind
 from scoring_server.engines import ModelRegistry
 from scoring_server.errors import status_with_fields
+from scoring_server.metrics import IMAGE_ERRORS
 from scoring_server.services.execution import DTYPES, Executed, usage
 from scoring_server.services.rpcs import ScoringRpcs
 from scoring_server.services.truncation import to_truncation
@@ -68,6 +69,7 @@ def _to_response(
         if ranked.id is not None:
             item.id = ranked.id
         if ranked.error is not None:
+            IMAGE_ERRORS.labels(settings.name, ranked.error.kind.value).inc()
             item.error.CopyFrom(_error_status(ranked.error, _field(request, ranked.index)))
         else:
             item.score = ranked.score  # type: ignore[assignment]
