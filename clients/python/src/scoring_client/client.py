@@ -80,14 +80,20 @@ class RerankHit:
     text: str | None = None
 
 
-@dataclass(frozen=True)
-class RerankResult:
-    hits: list[RerankHit]
+@dataclass(frozen=True, kw_only=True)
+class Response:
+    """What every scoring response reports besides its results."""
+
     model: str
     dtype: str
     request_id: str
     prompt_tokens: int
     timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RerankResult(Response):
+    hits: list[RerankHit]
 
 
 @dataclass(frozen=True)
@@ -111,13 +117,8 @@ class AspectJudgement:
 
 
 @dataclass(frozen=True)
-class AnalyzeResult:
+class AnalyzeResult(Response):
     results: list[AspectJudgement]
-    model: str
-    dtype: str
-    request_id: str
-    prompt_tokens: int
-    timings_ms: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -137,15 +138,10 @@ class RankedImage:
 
 
 @dataclass(frozen=True)
-class RankImagesResult:
+class RankImagesResult(Response):
     """Scored images best first, then images that failed to load (request order)."""
 
     results: list[RankedImage]
-    model: str
-    dtype: str
-    request_id: str
-    prompt_tokens: int
-    timings_ms: dict[str, float] = field(default_factory=dict)
 
 
 # An image is its encoded bytes, or an http(s) URL the server fetches.
