@@ -109,7 +109,8 @@ def main() -> None:
     hf = [reference.score(q, b) for q, b in zip(queries, batches)]
     log(f"reference done in {time.perf_counter() - started:.1f}s")
     del reference
-    torch.cuda.empty_cache() if device == "cuda" else None
+    if device == "cuda":
+        torch.cuda.empty_cache()
     results: dict[str, Any] = {"model": str(model), "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
     scores: dict[str, list[list[float]]] = {}
     for mode in args.modes.split(","):

@@ -94,8 +94,7 @@ class UrlFetcher:
                     if not location:
                         raise ImageLoadError(ImageErrorKind.FETCH_FAILED, f"HTTP {response.status} without Location")
                     url = urljoin(url, location)
-                    response.drain_conn()
-                    response.release_conn()
+                    response.close()  # a redirect's body is never read: it could be endless
                     continue
                 body = self._body(response, deadline)
             except BaseException:

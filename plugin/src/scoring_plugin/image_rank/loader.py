@@ -43,9 +43,7 @@ class ImageLoader:
         urls = list(dict.fromkeys(s.url for s in sources if s.url is not None))
         fetched = await _each(self._fetch_pool, self._fetcher.fetch, urls)
         by_url = dict(zip(urls, fetched))
-        files: list[bytes | ImageLoadError] = [
-            s.data if s.data is not None else by_url[s.url] for s in sources  # type: ignore[index]
-        ]
+        files = [s.data if s.data is not None else by_url[s.url] for s in sources]  # type: ignore[index]
         distinct = list(dict.fromkeys(f for f in files if isinstance(f, bytes)))
         decoded = await _each(self._decode_pool, lambda data: to_pixels(data, self._settings), distinct)
         slot: dict[bytes, int | ImageLoadError] = {}
@@ -59,9 +57,7 @@ class ImageLoader:
         return LoadedImages([f if isinstance(f, ImageLoadError) else slot[f] for f in files], pixels)
 
 
-async def _each(
-    pool: ThreadPoolExecutor, work: Callable[[T], object], items: list[T]
-) -> list:
+async def _each(pool: ThreadPoolExecutor, work: Callable[[T], object], items: list[T]) -> list[object]:
     """Runs `work` on every item in `pool`; ImageLoadErrors become results, anything else raises."""
     loop = asyncio.get_running_loop()
     futures = [loop.run_in_executor(pool, _catching, work, item) for item in items]
