@@ -48,20 +48,15 @@ CPU_SMOKE = Scenario("clip-tiny", "float32", True, (96, 72), 4, [1, 2], 2.0, Tru
 Request = tuple[str, list[int]]
 
 
-def build(scenario: Scenario, target: Path) -> Path:
+def build(target: Path, tiny: bool) -> Path:
+    """The demo's tiny checkpoint or the ViT-L/14-336-shaped one, built once per directory."""
     import torch
 
-    from scoring_server.demo.image_rank import (
-        IMAGE_RANK_SECTION, VIT_L_336_TEXT, VIT_L_336_VISION, build_image_ranker,
-    )
+    from scoring_server.demo.image_rank import build_clip_l336_ranker, build_image_ranker
 
     if not (target / "config.json").exists():
         torch.manual_seed(0)
-        if scenario.tiny:
-            build_image_ranker(target)
-        else:
-            section = {**IMAGE_RANK_SECTION, "adapter_dim": 768, "adapter_heads": 12}
-            build_image_ranker(target, VIT_L_336_TEXT, VIT_L_336_VISION, section)
+        (build_image_ranker if tiny else build_clip_l336_ranker)(target)
     return target
 
 
@@ -189,7 +184,7 @@ async def main_async(args: argparse.Namespace) -> Report:
     scenario.enforce_eager = scenario.enforce_eager or args.eager
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    model = build(scenario, work / scenario.name)
+    model = build(work / scenario.name, scenario.tiny)
     images = [b for b in sample_images(64 * 3, seed=1, size=scenario.image_size)][::3]  # the JPEGs
     requests = make_requests(scenario, 200, len(images))
     report = Report(asdict(scenario), conditions(), 0.0)

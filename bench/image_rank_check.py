@@ -11,15 +11,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
 
-import os
-
 import torch
 
 from harness import log
+from image_rank import build
 
 # As the server does for image rankers (scoring_server.engines): the V1 model runner.
 os.environ.update({"VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_USE_FLASHINFER_SAMPLER": "0"})
@@ -29,21 +29,6 @@ MODES = {
     "fp32-graph": ("float32", False),
     "bf16-graph": ("bfloat16", False),
 }
-
-
-def build(target: Path, tiny: bool) -> None:
-    from scoring_server.demo.image_rank import (
-        IMAGE_RANK_SECTION, VIT_L_336_TEXT, VIT_L_336_VISION, build_image_ranker,
-    )
-
-    if (target / "config.json").exists():
-        return
-    torch.manual_seed(0)
-    if tiny:
-        build_image_ranker(target)
-    else:
-        section = {**IMAGE_RANK_SECTION, "adapter_dim": 768, "adapter_heads": 12}
-        build_image_ranker(target, VIT_L_336_TEXT, VIT_L_336_VISION, section)
 
 
 async def engine_scores(model: Path, dtype: str, eager: bool, queries: list[str], batches: list[list[bytes]]) -> list[list[float]]:

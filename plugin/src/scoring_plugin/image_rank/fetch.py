@@ -108,11 +108,10 @@ class UrlFetcher:
 
     def check_url(self, url: str) -> None:
         """Scheme and resolved addresses, before any connection is made."""
+        problem = url_problem(url)
+        if problem is not None:  # a redirect can point anywhere
+            raise ImageLoadError(ImageErrorKind.URL_FORBIDDEN, problem)
         parts = urlsplit(url)
-        if parts.scheme not in ("http", "https"):
-            raise ImageLoadError(ImageErrorKind.URL_FORBIDDEN, "only http and https URLs are fetched")
-        if not parts.hostname:
-            raise ImageLoadError(ImageErrorKind.URL_FORBIDDEN, "URL has no host")
         if parts.username or parts.password:
             raise ImageLoadError(ImageErrorKind.URL_FORBIDDEN, "URLs with credentials are refused")
         try:
@@ -142,8 +141,6 @@ class UrlFetcher:
         except Urllib3Timeout:
             raise ImageLoadError(ImageErrorKind.FETCH_TIMEOUT, "the image server did not answer in time") from None
         except HTTPError as exc:
-            if isinstance(exc.__context__, _ForbiddenPeer) or "is not allowed" in str(exc):
-                raise ImageLoadError(ImageErrorKind.URL_FORBIDDEN, "connected address is not allowed") from None
             raise ImageLoadError(ImageErrorKind.FETCH_FAILED, f"cannot fetch: {type(exc).__name__}") from None
 
     def _body(self, response: urllib3.BaseHTTPResponse, deadline: float) -> bytes:
@@ -173,6 +170,19 @@ class UrlFetcher:
         except HTTPError as exc:
             raise ImageLoadError(ImageErrorKind.FETCH_FAILED, f"download broke off: {type(exc).__name__}") from None
         return bytes(body)
+
+
+def url_problem(url: str) -> str | None:
+    """What makes `url` unfetchable whatever it resolves to, or None."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "not a valid URL"
+    if parts.scheme not in ("http", "https"):
+        return "only http and https URLs are accepted"
+    if not parts.hostname:
+        return "URL has no host"
+    return None
 
 
 def _remaining(deadline: float) -> float:

@@ -82,10 +82,8 @@ def _resize(image: Image.Image, size: int) -> Image.Image:
 
 
 def _center_crop(image: Image.Image, size: int) -> np.ndarray:
-    pixels = np.asarray(image)  # [H, W, 3] uint8
+    pixels = np.asarray(image)  # [H, W, 3] uint8, both sides >= size after _resize
     height, width = pixels.shape[:2]
-    if height < size or width < size:  # cannot happen after _resize; kept exact if it did
-        raise ImageLoadError(ImageErrorKind.INVALID_IMAGE, "image too small after resizing")
     top, left = (height - size) // 2, (width - size) // 2
     return pixels[top : top + size, left : left + size]
 

@@ -14,7 +14,6 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import torch
 from vllm.config import VllmConfig
@@ -24,6 +23,7 @@ from vllm.pooling_params import PoolingParams
 from vllm.renderers import BaseRenderer
 
 from scoring_plugin.errors import FieldViolation, InvalidInputError, NonFiniteOutputError
+from scoring_plugin.image_rank.fetch import url_problem
 from scoring_plugin.image_rank.loader import ImageLoader, LoadedImages
 from scoring_plugin.image_rank.settings import ImageRankSettings
 from scoring_plugin.image_rank.types import ImageLoadError, ImageRankInput, ImageRankOutput, RankedImage
@@ -179,12 +179,5 @@ class ImageRankerIOProcessor(ScoringIOProcessor[ImageRankInput, ImageRankOutput,
 def _url_violations(field: str, url: str) -> list[FieldViolation]:
     if len(url) > MAX_URL_CHARS:
         return [FieldViolation(field, f"longer than {MAX_URL_CHARS} characters")]
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return [FieldViolation(field, "not a valid URL")]
-    if parts.scheme not in ("http", "https"):
-        return [FieldViolation(field, "only http and https URLs are accepted")]
-    if not parts.hostname:
-        return [FieldViolation(field, "URL has no host")]
-    return []
+    problem = url_problem(url)
+    return [] if problem is None else [FieldViolation(field, problem)]

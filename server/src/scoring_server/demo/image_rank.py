@@ -66,6 +66,13 @@ def build_image_ranker(
     model.save_pretrained(target)
 
 
+def build_clip_l336_ranker(target: Path) -> None:
+    """The benchmarks' model: CLIP ViT-L/14-336's towers and a 768-wide, 12-head adapter."""
+    build_image_ranker(
+        target, VIT_L_336_TEXT, VIT_L_336_VISION, {**IMAGE_RANK_SECTION, "adapter_dim": 768, "adapter_heads": 12}
+    )
+
+
 def sample_images(count: int, seed: int = 0, size: tuple[int, int] = (96, 72)) -> list[bytes]:
     """Distinct small pictures (shapes on a colour), alternating JPEG, PNG and WebP."""
     rng = random.Random(seed)

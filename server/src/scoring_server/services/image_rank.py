@@ -4,7 +4,7 @@ error (and the rest still ranked) for images that could not be loaded."""
 from __future__ import annotations
 
 import grpc
-from google.rpc import code_pb2
+from google.rpc import code_pb2, status_pb2
 
 from scoring.v1 import image_rank_pb2, image_rank_pb2_grpc
 from scoring_plugin.image_rank.types import (
@@ -76,7 +76,7 @@ def _to_response(
     return response
 
 
-def _error_status(error: ImageLoadError, field: str):  # -> google.rpc.Status
+def _error_status(error: ImageLoadError, field: str) -> status_pb2.Status:
     return status_with_fields(_CODES[error.kind], f"{field}: {error.message}", [(field, error.message)])
 
 
