@@ -6,6 +6,7 @@ dtype has no default and no "auto": an fp32 model silently run in fp16 once prod
 
 from __future__ import annotations
 
+import json
 from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
@@ -16,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scoring_plugin.absa.settings import OVERRIDES_KEY as ABSA_OVERRIDES_KEY
 from scoring_plugin.image_rank.settings import OVERRIDES_KEY as IMAGE_RANK_OVERRIDES_KEY
+from scoring_plugin.models import PACKED_QWEN3_ARCHITECTURE
 from scoring_plugin.rerank.settings import OVERRIDES_KEY as RERANK_OVERRIDES_KEY
 from scoring_plugin.rerank.settings import RerankMode
 from scoring_server.security import AuthSettings, TlsSettings
@@ -50,6 +52,11 @@ class ModelSettings(BaseModel):
     # On the CPU backend this is a fraction of host memory, so the default stays small.
     gpu_memory_utilization: float = Field(default=0.05, gt=0, le=1)
     hf_overrides: dict[str, Any] = Field(default_factory=dict)
+    # Qwen3 cross-encoders: every pair of a call in one engine request, the shared prompt head
+    # computed once (scoring_plugin.rerank.packing). `max_model_len` stays the per-pair limit;
+    # a packed request holds up to `pack_tokens` tokens (larger calls take several).
+    pack_pairs: bool = False
+    pack_tokens: int = Field(default=8192, ge=64)
     # Passed to vLLM's AsyncEngineArgs unchanged (enforce_eager, tensor_parallel_size, ...).
     engine_args: dict[str, Any] = Field(default_factory=dict)
     default: bool = False
@@ -58,6 +65,8 @@ class ModelSettings(BaseModel):
     def _only_implemented_kinds(self) -> ModelSettings:
         if self.rerank_mode is not None and self.kind is not ModelKind.RERANK:
             raise ValueError("rerank_mode applies to rerank models only")
+        if self.pack_pairs and self.kind is not ModelKind.RERANK:
+            raise ValueError("pack_pairs applies to rerank models only")
         if self.max_queued_items < self.max_items_per_request:
             raise ValueError("max_queued_items must admit at least one full request")
         return self
@@ -70,12 +79,26 @@ class ModelSettings(BaseModel):
             key, own = RERANK_OVERRIDES_KEY, {"max_documents": self.max_items_per_request}
             if self.rerank_mode is not None:
                 own["mode"] = self.rerank_mode.value
+            if self.pack_pairs:
+                overrides["architectures"] = [PACKED_QWEN3_ARCHITECTURE]
+                own["max_pair_tokens"] = self.max_pair_tokens()
         elif self.kind is ModelKind.ABSA:
             key, own = ABSA_OVERRIDES_KEY, {"max_pairs": self.max_items_per_request}
         else:
             key, own = IMAGE_RANK_OVERRIDES_KEY, {"max_images": self.max_items_per_request}
         overrides[key] = {**(overrides.get(key) or {}), **own}
         return overrides
+
+    def max_pair_tokens(self) -> int:
+        """A packed model's per-pair limit: the configured one, else the checkpoint's positions."""
+        if self.max_model_len is not None:
+            return self.max_model_len
+        config = json.loads((Path(self.path) / "config.json").read_text())
+        return int(config.get("max_position_embeddings") or self.pack_tokens)
+
+    def checkpoint_architectures(self) -> list[str]:
+        config = json.loads((Path(self.path) / "config.json").read_text())
+        return [str(a) for a in self.hf_overrides.get("architectures") or config.get("architectures") or []]
 
 
 class ServerSettings(BaseSettings):

@@ -22,6 +22,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from scoring_plugin.io_processors.absa import AbsaIOProcessor
 from scoring_plugin.io_processors.image_ranker import ImageRankerIOProcessor
 from scoring_plugin.io_processors.reranker import RerankerIOProcessor
+from scoring_plugin.models import PACKABLE_ARCHITECTURES
 from scoring_server.admission import Admission
 from scoring_server.config import ModelKind, ModelSettings
 
@@ -121,24 +122,61 @@ class ModelRegistry:
                 model.engine = None
 
 
+def _packed_engine_args(settings: ModelSettings) -> dict[str, object]:
+    """A packed request (every pair of a call) must reach the model whole, in one step: the model
+    keeps no KV cache to resume from, and a prefix-cache hit would skip its tokens."""
+    architectures = settings.checkpoint_architectures()
+    if not set(architectures) & set(PACKABLE_ARCHITECTURES):
+        raise ValueError(
+            f"model {settings.name!r}: pack_pairs needs one of {sorted(PACKABLE_ARCHITECTURES)}, "
+            f"the checkpoint is {architectures}"
+        )
+    batched = int(settings.engine_args.get("max_num_batched_tokens") or settings.pack_tokens)
+    return {
+        "max_model_len": settings.pack_tokens,
+        "max_num_batched_tokens": max(batched, settings.pack_tokens),
+        "enable_chunked_prefill": False,
+        "enable_prefix_caching": False,
+    }
+
+
+# A packed engine's requests are longer than one pair's positions (each pair restarts at 0), and
+# it needs the V1 runner's `plugin` pooling task.
+_PACKED_ENVIRONMENT = {
+    "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
+    "VLLM_USE_V2_MODEL_RUNNER": "0",
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",
+}
+
+
 def engine_args(settings: ModelSettings) -> AsyncEngineArgs:
+    args: dict[str, object] = {
+        "max_model_len": settings.max_model_len,
+        **_KIND_ENGINE_ARGS.get(settings.kind, {}),
+        **settings.engine_args,
+    }
+    if settings.pack_pairs:  # required, so they win over the deployment's engine_args
+        args.update(_packed_engine_args(settings))
     return AsyncEngineArgs(
         model=settings.path,
         served_model_name=settings.name,
         runner="pooling",
         dtype=settings.dtype,
-        max_model_len=settings.max_model_len,
         gpu_memory_utilization=settings.gpu_memory_utilization,
         hf_overrides=settings.effective_hf_overrides(),
         io_processor_plugin=IO_PROCESSORS[settings.kind][0],
-        **{**_KIND_ENGINE_ARGS.get(settings.kind, {}), **settings.engine_args},
+        **args,
     )
+
+
+def _environment(settings: ModelSettings) -> dict[str, str]:
+    return _PACKED_ENVIRONMENT if settings.pack_pairs else _KIND_ENVIRONMENT.get(settings.kind, {})
 
 
 def _start(model: ServedModel) -> None:
     # The server context picks the engine defaults `vllm serve` gets (on an H200: 8192 batched
     # tokens per step, not the library's 2048, which split a 20-document request over two steps).
-    with _engine_environment(_KIND_ENVIRONMENT.get(model.settings.kind, {})):
+    with _engine_environment(_environment(model.settings)):
         engine = AsyncLLM.from_engine_args(
             engine_args(model.settings), usage_context=UsageContext.OPENAI_API_SERVER
         )

@@ -1,11 +1,13 @@
 """The ``reranker`` IO processor: rerank requests in, sorted scored documents out.
 
-Two drivers use it. Our gRPC server calls :meth:`plan` / :meth:`engine_requests` and
-:meth:`post_process` itself, submitting one engine request per distinct prompt with its own
-pooling parameters (BERT token types travel there). Stock ``vllm serve`` calls the standard
+Two drivers use it. Our gRPC server calls :meth:`plan` and :meth:`post_process` itself,
+submitting one engine request per distinct prompt with its own pooling parameters (BERT token
+types travel there), or, for a packed model (:mod:`scoring_plugin.rerank.packing`), every pair
+of the call in one engine request whose pooling parameters carry the layout. Stock ``vllm serve`` calls the standard
 ``parse_data`` -> ``pre_process`` -> ``post_process`` path, which shares one set of pooling
 parameters across prompts and so cannot carry per-pair token types: models that need them are
-refused there with a clear error rather than scored wrongly.
+refused there with a clear error rather than scored wrongly. A packed model gets one plain
+prompt per pair there (it scores a request without a layout as one pair).
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from vllm.renderers import BaseRenderer
 from scoring_plugin.errors import FieldViolation, InvalidInputError, NonFiniteOutputError
 from scoring_plugin.io_processors.base import ScoringIOProcessor
 from scoring_plugin.io_processors.engine_request import EngineRequest
-from scoring_plugin.models import PAIR_BERT_ARCHITECTURE
+from scoring_plugin.models import PACKED_QWEN3_ARCHITECTURE, PAIR_BERT_ARCHITECTURE
+from scoring_plugin.models.packed_qwen3 import PACKED_TASK
+from scoring_plugin.rerank.packing import LAYOUT_KEY, PackedRequest, pack
 from scoring_plugin.rerank.prompts import EnginePrompt, PromptBuilder, RerankPlan
 from scoring_plugin.rerank.settings import RerankMode, RerankSettings
 from scoring_plugin.rerank.similarity import activate, cosine, cross_encoder_logit, max_sim
@@ -40,6 +44,7 @@ from scoring_plugin.rerank.types import (
 class _RequestState:
     request: RerankInput
     plan: RerankPlan
+    packed: list[PackedRequest] | None = None  # set when the engine requests are packed
 
 
 class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _RequestState]):
@@ -49,15 +54,20 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
         super().__init__(vllm_config, renderer)
         model_config = vllm_config.model_config
         self.settings = RerankSettings.from_hf_config(model_config.hf_config)
-        self.max_model_len = int(model_config.max_model_len)
+        architectures = model_config.hf_config.architectures or []
+        self._model_derives_token_types = PAIR_BERT_ARCHITECTURE in architectures
+        self._packed = PACKED_QWEN3_ARCHITECTURE in architectures
+        if self._packed and self.settings.mode is not RerankMode.CROSS_ENCODER:
+            raise ValueError(f"{PACKED_QWEN3_ARCHITECTURE} serves cross-encoders only")
+        # A packed engine's length limit is per request (all pairs of a call); pairs keep theirs.
+        self._request_tokens = int(model_config.max_model_len)
+        self.max_model_len = min(self._request_tokens, self.settings.max_pair_tokens or self._request_tokens)
         self._builder = PromptBuilder(
             renderer.get_tokenizer(),
             self.settings,
             self.max_model_len,
             getattr(model_config.hf_config.get_text_config(), "vocab_size", None),
         )
-        architectures = model_config.hf_config.architectures or []
-        self._model_derives_token_types = PAIR_BERT_ARCHITECTURE in architectures
 
     # ------------------------------------------------------------------ input
 
@@ -94,8 +104,17 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
     def plan(self, request: RerankInput, request_id: str) -> list[EngineRequest]:
         """Tokenizes and stores the request's state; the caller must later pop or discard it."""
         plan = self._builder.plan(request)
-        self._states.put(request_id, _RequestState(request, plan))
-        return [self._engine_request(p) for p in plan.prompts]
+        if not self._packed:
+            self._states.put(request_id, _RequestState(request, plan))
+            return [self._engine_request(p) for p in plan.prompts]
+        packed = pack([p.token_ids for p in plan.prompts], plan.shared_prefix, self._request_tokens)
+        self._states.put(request_id, _RequestState(request, plan, packed))
+        return [
+            EngineRequest(
+                TokensPrompt(prompt_token_ids=r.token_ids), self._pooling_params({LAYOUT_KEY: r.layout})
+            )
+            for r in packed
+        ]
 
     def _engine_request(self, prompt: EnginePrompt) -> EngineRequest:
         extra = (
@@ -111,7 +130,7 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
         # Cross-encoders return raw logits: the activation is applied in post_process, so the
         # response can carry both the raw and the activated score.
         return PoolingParams(
-            task=self.settings.mode.pooling_task,
+            task=PACKED_TASK if self._packed else self.settings.mode.pooling_task,
             use_activation=self.settings.mode is not RerankMode.CROSS_ENCODER,
             extra_kwargs=extra,
         )
@@ -122,6 +141,10 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
         self, prompt: RerankInput, request_id: str | None = None, **kwargs: Any
     ) -> Sequence[TokensPrompt]:
         request_id = self._required_id(request_id)
+        if self._packed:  # vLLM's path shares one set of pooling parameters: one pair per prompt
+            plan = self._builder.plan(prompt)
+            self._states.put(request_id, _RequestState(prompt, plan))
+            return [TokensPrompt(prompt_token_ids=list(p.token_ids)) for p in plan.prompts]
         requests = self.plan(prompt, request_id)
         try:
             if any(r.params.extra_kwargs for r in requests):
@@ -157,9 +180,13 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
     ) -> RerankOutput:
         state = self._states.pop(self._required_id(request_id))
         request, plan = state.request, state.plan
-        if len(model_output) != len(plan.prompts):
-            raise ValueError(f"expected {len(plan.prompts)} outputs, got {len(model_output)}")
-        raw = self._raw_scores(plan, [o.outputs.data for o in model_output])
+        data = [o.outputs.data for o in model_output]
+        expected = len(plan.prompts) if state.packed is None else len(state.packed)
+        if len(data) != expected:
+            raise ValueError(f"expected {expected} outputs, got {len(data)}")
+        if state.packed is not None:
+            data = _unpack(state.packed, data, len(plan.prompts))
+        raw = self._raw_scores(plan, data)
         activation = (
             self.settings.mode.default_activation
             if request.activation is Activation.DEFAULT
@@ -186,7 +213,7 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
         return RerankOutput(
             results=results,
             prompt_tokens=sum(len(p.token_ids) for p in plan.prompts),
-            engine_requests=len(plan.prompts),
+            engine_requests=expected,
         )
 
     def _raw_scores(self, plan: RerankPlan, data: list[Any]) -> list[float]:
@@ -203,3 +230,14 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
                 scores[p] = similarity(query, data[p])
         return [scores[p] for p in plan.document_prompt]
 
+
+
+def _unpack(packed: list[PackedRequest], data: list[Any], prompts: int) -> list[Any]:
+    """Per packed request one score per segment, back into per-prompt outputs."""
+    out: list[Any] = [None] * prompts
+    for request, scores in zip(packed, data):
+        if scores.numel() != len(request.prompts):
+            raise ValueError(f"expected {len(request.prompts)} packed scores, got {scores.numel()}")
+        for prompt, score in zip(request.prompts, scores.reshape(-1)):
+            out[prompt] = score
+    return out

@@ -98,6 +98,8 @@ class RerankPlan:
     prompts: list[EnginePrompt]
     document_prompt: list[int]  # document index -> index into prompts
     query_prompt: int | None  # index into prompts, for modes that embed the query alone
+    # Tokens every prompt starts with (template prefix + query, for pairs): packed once.
+    shared_prefix: int = 0
 
 
 class PromptBuilder:
@@ -139,15 +141,14 @@ class PromptBuilder:
         budget = self.budget(request)
         query_ids, document_ids = self._tokenize(request)
         if self._settings.mode is RerankMode.CROSS_ENCODER:
-            candidates = self._pairs(query_ids, document_ids, request.documents, budget)
-            query_candidate = None
-        else:
-            candidates = [
-                self._single(ids, budget, _document_field(i, doc), "the document")
-                for i, (ids, doc) in enumerate(zip(document_ids, request.documents))
-            ]
-            query_candidate = self._single(query_ids, budget, "query", "the query")
-        return _deduplicate(candidates, query_candidate)
+            head = self._pair_head(query_ids)
+            candidates = self._pairs(head, document_ids, request.documents, budget)
+            return _deduplicate(candidates, None, shared_prefix=len(head))
+        candidates = [
+            self._single(ids, budget, _document_field(i, doc), "the document")
+            for i, (ids, doc) in enumerate(zip(document_ids, request.documents))
+        ]
+        return _deduplicate(candidates, self._single(query_ids, budget, "query", "the query"))
 
     def _tokenize(self, request: RerankInput) -> tuple[list[int], list[list[int]]]:
         """One batched tokenizer call for the query and every text document."""
@@ -181,22 +182,25 @@ class PromptBuilder:
             return f"<Instruct>: {self._settings.instruction}\n<Query>: {query}\n<Document>:"
         return query
 
+    def _pair_head(self, query_ids: list[int]) -> list[int]:
+        """What every pair of a request starts with, up to its document."""
+        if self._settings.template is PromptTemplate.QWEN3_RERANKER:
+            return self._qwen3_prefix + query_ids
+        return [*self._layout.pair_prefix, *query_ids, *self._layout.pair_middle]
+
     def _pairs(
         self,
-        query_ids: list[int],
+        head: list[int],
         document_ids: list[list[int]],
         documents: list[RerankDocumentInput],
         budget: TokenBudget,
     ) -> list[EnginePrompt]:
         if self._settings.template is PromptTemplate.QWEN3_RERANKER:
-            head = self._qwen3_prefix + query_ids
             tail = self._qwen3_suffix
             types = False
         else:
-            layout = self._layout
-            head = [*layout.pair_prefix, *query_ids, *layout.pair_middle]
-            tail = list(layout.pair_suffix)
-            types = layout.pair_uses_token_types
+            tail = list(self._layout.pair_suffix)
+            types = self._layout.pair_uses_token_types
         room = budget.max_tokens - len(head) - len(tail)
         if room < 1:
             raise InvalidInputError.single(
@@ -224,7 +228,9 @@ def _document_field(index: int, doc: RerankDocumentInput) -> str:
     return f"documents[{index}].{'text' if doc.text is not None else 'token_ids'}"
 
 
-def _deduplicate(candidates: list[EnginePrompt], query: EnginePrompt | None) -> RerankPlan:
+def _deduplicate(
+    candidates: list[EnginePrompt], query: EnginePrompt | None, shared_prefix: int = 0
+) -> RerankPlan:
     """Identical prompts run once and share one output, so duplicates score identically."""
     index: dict[EnginePrompt, int] = {}
     prompts: list[EnginePrompt] = []
@@ -238,4 +244,4 @@ def _deduplicate(candidates: list[EnginePrompt], query: EnginePrompt | None) -> 
 
     document_prompt = [slot(p) for p in candidates]
     query_prompt = slot(query) if query is not None else None
-    return RerankPlan(prompts, document_prompt, query_prompt)
+    return RerankPlan(prompts, document_prompt, query_prompt, shared_prefix)

@@ -52,13 +52,16 @@ class RerankSettings:
     template: PromptTemplate
     instruction: str
     max_documents: int
+    # Per-pair token limit when it is below the engine's: a packed engine's limit is per request.
+    max_pair_tokens: int | None = None
 
     @classmethod
     def from_hf_config(cls, hf_config: Any) -> RerankSettings:
         raw = as_dict(hf_config)
         own = read_section(raw, CONFIG_KEY)
         architectures = [str(a) for a in raw.get("architectures") or []]
-        is_qwen3 = any(a.startswith("Qwen3") for a in architectures)
+        # Qwen3 checkpoints, also when served by the packed variant of their architecture.
+        is_qwen3 = any(a.startswith("Qwen3") or "PackedQwen3" in a for a in architectures)
         mode = RerankMode(own["mode"]) if "mode" in own else _infer_mode(architectures, raw)
         if "template" in own:
             template = PromptTemplate(own["template"])
@@ -69,11 +72,15 @@ class RerankSettings:
         max_documents = int(own.get("max_documents", DEFAULT_MAX_DOCUMENTS))
         if max_documents < 1:
             raise ValueError(f"{CONFIG_KEY}.max_documents must be >= 1, got {max_documents}")
+        max_pair_tokens = own.get("max_pair_tokens")
+        if max_pair_tokens is not None and int(max_pair_tokens) < 8:
+            raise ValueError(f"{CONFIG_KEY}.max_pair_tokens must be >= 8, got {max_pair_tokens}")
         return cls(
             mode=mode,
             template=template,
             instruction=str(own.get("instruction", QWEN3_DEFAULT_INSTRUCTION)),
             max_documents=max_documents,
+            max_pair_tokens=None if max_pair_tokens is None else int(max_pair_tokens),
         )
 
 

@@ -1,0 +1,237 @@
+"""A Qwen3 cross-encoder that scores every pair of a packed request (see
+:mod:`scoring_plugin.rerank.packing`) with attention kept inside each pair.
+
+vLLM hands per-request parameters to the pooler, never to ``forward``; the layout of a packed
+request lives in its pooling parameters. So ``forward`` only embeds the tokens, and the pooler
+runs the transformer: it builds the step's :class:`AttentionPlan` from the layouts, runs the
+decoder layers with pair-isolated attention (flash-attention varlen on CUDA, where each query
+group reads its own key ranges; per-group SDPA elsewhere), and reads one score at the end of
+each segment. A request without a layout is one plain pair, so the model also serves unpacked
+prompts, with the same weights and checkpoint as ``Qwen3ForSequenceClassification``.
+
+The model holds no KV cache (vLLM sees it as attention-free), so a request must arrive whole in
+one step: the server turns chunked prefill and prefix caching off for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Set
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import Qwen3Config
+from vllm.config import VllmConfig
+from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.linear import QKVParallelLinear, ReplicatedLinear, RowParallelLinear
+from vllm.model_executor.layers.pooler import Pooler
+from vllm.model_executor.layers.rotary_embedding import get_rope
+from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+from vllm.model_executor.models.interfaces import IsAttentionFree
+from vllm.model_executor.models.interfaces_base import attn_type
+from vllm.model_executor.models.qwen2 import Qwen2MLP
+from vllm.model_executor.models.utils import AutoWeightsLoader, WeightsMapper
+from vllm.sequence import IntermediateTensors
+from vllm.tasks import PoolingTask
+from vllm.transformers_utils.config import set_default_rope_theta
+from vllm.v1.outputs import PoolerOutput
+from vllm.v1.pool.metadata import PoolingMetadata
+
+from scoring_plugin.rerank.packing import AttentionPlan, layout_of
+
+PACKED_TASK: PoolingTask = "plugin"
+
+
+class DevicePlan:
+    """An :class:`AttentionPlan` on the model's device, built once per step."""
+
+    def __init__(self, plan: AttentionPlan, device: torch.device) -> None:
+        self.plan = plan
+        self.positions = torch.from_numpy(plan.positions).to(device, non_blocking=True)
+        self.kv_index = torch.from_numpy(plan.kv_index).to(device, non_blocking=True)
+        self.cu_q = torch.from_numpy(plan.cu_q).to(device, non_blocking=True)
+        self.cu_k = torch.from_numpy(plan.cu_k).to(device, non_blocking=True)
+        self.score_rows = torch.from_numpy(plan.score_rows).to(device, non_blocking=True)
+
+
+def _flash_varlen() -> tuple[object, int | None] | None:
+    """vLLM's flash-attention build and the version it picks for this GPU, where there is one."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        from vllm.v1.attention.backends.fa_utils import get_flash_attn_version
+        from vllm.vllm_flash_attn import flash_attn_varlen_func
+    except ImportError:
+        return None
+    return flash_attn_varlen_func, get_flash_attn_version()
+
+
+class PairAttention(nn.Module):
+    """Causal attention inside each query group of the step's plan, grouped-query heads."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = head_dim**-0.5
+        self._flash = _flash_varlen()
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DevicePlan) -> torch.Tensor:
+        tokens = q.shape[0]
+        q = q.view(tokens, self.num_heads, self.head_dim)
+        k = k.view(tokens, self.num_kv_heads, self.head_dim).index_select(0, plan.kv_index)
+        v = v.view(tokens, self.num_kv_heads, self.head_dim).index_select(0, plan.kv_index)
+        if self._flash is not None and q.is_cuda:
+            varlen, version = self._flash
+            kwargs = {} if version is None else {"fa_version": version}
+            out = varlen(  # type: ignore[operator]
+                q, k, v, plan.plan.max_q, plan.cu_q, plan.plan.max_k, plan.cu_k,
+                softmax_scale=self.scale, causal=True, **kwargs,
+            )
+        else:
+            out = self._per_group(q, k, v, plan.plan)
+        return out.reshape(tokens, self.num_heads * self.head_dim)
+
+    def _per_group(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
+        out = torch.empty_like(q)
+        cu_q, cu_k = plan.cu_q.tolist(), plan.cu_k.tolist()
+        for g in range(len(cu_q) - 1):
+            qs, qe, ks, ke = cu_q[g], cu_q[g + 1], cu_k[g], cu_k[g + 1]
+            # Causal, aligned to the group's end: query i sees the keys up to its own token.
+            mask = torch.ones(qe - qs, ke - ks, dtype=torch.bool, device=q.device).tril(ke - ks - (qe - qs))
+            out[qs:qe] = F.scaled_dot_product_attention(
+                q[qs:qe].transpose(0, 1), k[ks:ke].transpose(0, 1), v[ks:ke].transpose(0, 1),
+                attn_mask=mask, scale=self.scale, enable_gqa=True,
+            ).transpose(0, 1)
+        return out
+
+
+class PackedQwen3Attention(nn.Module):
+    def __init__(self, config: Qwen3Config, prefix: str) -> None:
+        super().__init__()
+        tp = get_tensor_model_parallel_world_size()
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        heads = config.num_attention_heads // tp
+        kv_heads = max(1, config.num_key_value_heads // tp)
+        self.q_size, self.kv_size, self.head_dim = heads * head_dim, kv_heads * head_dim, head_dim
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size, head_dim, config.num_attention_heads, config.num_key_value_heads,
+            bias=getattr(config, "attention_bias", False), prefix=f"{prefix}.qkv_proj",
+        )
+        self.o_proj = RowParallelLinear(
+            config.num_attention_heads * head_dim, config.hidden_size, bias=False, prefix=f"{prefix}.o_proj"
+        )
+        self.rotary_emb = get_rope(
+            head_dim, max_position=config.max_position_embeddings, rope_parameters=config.rope_parameters
+        )
+        self.q_norm = RMSNorm(head_dim, eps=config.rms_norm_eps)
+        self.k_norm = RMSNorm(head_dim, eps=config.rms_norm_eps)
+        self.attn = PairAttention(heads, kv_heads, head_dim)
+
+    def forward(self, hidden: torch.Tensor, plan: DevicePlan) -> torch.Tensor:
+        qkv, _ = self.qkv_proj(hidden)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = self.q_norm(q.view(*q.shape[:-1], -1, self.head_dim)).view(q.shape)
+        k = self.k_norm(k.view(*k.shape[:-1], -1, self.head_dim)).view(k.shape)
+        q, k = self.rotary_emb(plan.positions, q, k)
+        out, _ = self.o_proj(self.attn(q, k, v, plan))
+        return out
+
+
+class PackedQwen3Layer(nn.Module):
+    def __init__(self, config: Qwen3Config, prefix: str) -> None:
+        super().__init__()
+        self.self_attn = PackedQwen3Attention(config, f"{prefix}.self_attn")
+        self.mlp = Qwen2MLP(config.hidden_size, config.intermediate_size, config.hidden_act, prefix=f"{prefix}.mlp")
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(
+        self, hidden: torch.Tensor, residual: torch.Tensor | None, plan: DevicePlan
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(hidden, plan)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class PackedPairScorer(Pooler):
+    """The decoder layers, the final norm and the score head, run over the pooled step."""
+
+    def __init__(self, config: Qwen3Config, prefix: str) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            PackedQwen3Layer(config, f"{prefix}.layers.{i}") for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.score = ReplicatedLinear(config.hidden_size, config.num_labels, bias=False, prefix=f"{prefix}.score")
+
+    def get_supported_tasks(self) -> Set[PoolingTask]:
+        return {PACKED_TASK}
+
+    def forward(self, hidden_states: torch.Tensor, pooling_metadata: PoolingMetadata) -> PoolerOutput:
+        cursor = pooling_metadata.get_pooling_cursor()
+        if cursor.is_partial_prefill():
+            raise RuntimeError("a packed request arrived in pieces; chunked prefill must be off")
+        counts = cursor.num_scheduled_tokens_cpu.tolist()
+        layouts = [layout_of(p.extra_kwargs, n) for p, n in zip(pooling_metadata.pooling_params, counts)]
+        plan = DevicePlan(AttentionPlan.build(layouts), hidden_states.device)
+        hidden, residual = hidden_states, None
+        for layer in self.layers:
+            hidden, residual = layer(hidden, residual, plan)
+        assert residual is not None
+        rows = plan.score_rows
+        last, _ = self.norm(hidden.index_select(0, rows), residual.index_select(0, rows))
+        scores, _ = self.score(last)
+        return list(scores.float().squeeze(-1).split(plan.plan.segments))
+
+
+_MAPPER = WeightsMapper(
+    orig_to_new_prefix={"model.embed_tokens.": "embed_tokens.", "model.": "pooler.", "score.": "pooler.score."},
+    orig_to_new_stacked={
+        ".q_proj": (".qkv_proj", "q"),
+        ".k_proj": (".qkv_proj", "k"),
+        ".v_proj": (".qkv_proj", "v"),
+        ".gate_proj": (".gate_up_proj", 0),
+        ".up_proj": (".gate_up_proj", 1),
+    },
+)
+
+
+@attn_type("attention_free")
+class PackedQwen3ForSequenceClassification(nn.Module, IsAttentionFree):
+    is_pooling_model = True
+    packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__()
+        config: Qwen3Config = vllm_config.model_config.hf_config
+        set_default_rope_theta(config, default_theta=1000000)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.pooler = PackedPairScorer(config, "pooler")
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs: object,
+    ) -> torch.Tensor:
+        if inputs_embeds is not None:
+            return inputs_embeds
+        assert input_ids is not None
+        return self.embed_tokens(input_ids)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        loaded = AutoWeightsLoader(self).load_weights(weights, mapper=_MAPPER)
+        missing = {name for name, _ in self.named_parameters()} - loaded
+        if missing:
+            raise ValueError(f"checkpoint lacks parameters: {sorted(missing)[:8]}")
+        return loaded
