@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from harness import free_port, grpc_serving, log, start, stop, wait_ready
-from rerank import GPU, build_model, make_requests
+from rerank import GPU, build_model, make_requests, raw_scores
 
 LAYOUTS = {"tp2": {"tensor_parallel_size": 2}, "dp2": {"data_parallel_size": 2}}
 
@@ -32,7 +32,7 @@ async def scores_with(model: Path, layout: str, requests, work: Path) -> tuple[l
     import grpc
     import yaml
 
-    from scoring.v1 import rerank_pb2, rerank_pb2_grpc
+    from scoring.v1 import rerank_pb2_grpc
 
     port = free_port()
     config = work / f"{layout}.yaml"
@@ -48,15 +48,7 @@ async def scores_with(model: Path, layout: str, requests, work: Path) -> tuple[l
             await wait_ready(grpc_serving(channel), server, work / f"{layout}.log", layout)
             memory = gpu_memory_mib()
             stub = rerank_pb2_grpc.RerankServiceStub(channel)
-            out = []
-            for query, documents in requests:
-                request = rerank_pb2.RerankRequest(query=query, return_raw_scores=True)
-                for d in documents:
-                    request.documents.add(text=d)
-                response = await stub.Rerank(request, timeout=120)
-                by_index = {r.index: r.raw_score for r in response.results}
-                out.append([by_index[i] for i in range(len(documents))])
-            return out, memory
+            return await raw_scores(stub, requests), memory
     finally:
         stop(server)
 

@@ -21,9 +21,11 @@ import asyncio
 import random
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from harness import (
     Level,
@@ -65,10 +67,13 @@ class Scenario:
     enforce_eager: bool
     gpu_memory_utilization: float
     hf_batch: int
+    # Our server: every pair of a call in one engine request, up to this many tokens per request.
+    pack_pairs: bool = True
+    pack_tokens: int = 16384
 
 
 GPU = Scenario("qwen3-0.6b-shaped", "bfloat16", 1024, 28, 16, 8, 128, 3072, 20, [1, 16, 64], 15.0, False, 0.5, 128)
-CPU_SMOKE = Scenario("qwen3-tiny", "float32", 64, 2, 2, 1, 32, 128, 4, [1, 2], 2.0, True, 0.05, 8)
+CPU_SMOKE = Scenario("qwen3-tiny", "float32", 64, 2, 2, 1, 32, 128, 4, [1, 2], 2.0, True, 0.05, 8, True, 2048)
 
 
 def build_model(scenario: Scenario, target: Path) -> Path:
@@ -136,11 +141,13 @@ async def drive(system: str, send, requests, scenario: Scenario, docs_sweep: lis
     return levels
 
 
-async def bench_grpc(model: Path, scenario: Scenario, requests, work: Path, docs_sweep: list[int]) -> list[Level]:  # type: ignore[no-untyped-def]
+@asynccontextmanager
+async def grpc_reranker(model: Path, scenario: Scenario, work: Path) -> AsyncIterator[Any]:
+    """Our server on the scenario's model, as configured for the benchmark; yields a stub."""
     import grpc
     import yaml
 
-    from scoring.v1 import rerank_pb2, rerank_pb2_grpc
+    from scoring.v1 import rerank_pb2_grpc
 
     port = free_port()
     config = work / "grpc-server.yaml"
@@ -148,6 +155,7 @@ async def bench_grpc(model: Path, scenario: Scenario, requests, work: Path, docs
         "name": "reranker", "path": str(model), "dtype": scenario.dtype,
         "rerank_mode": "cross_encoder", "max_model_len": 512,
         "gpu_memory_utilization": scenario.gpu_memory_utilization,
+        "pack_pairs": scenario.pack_pairs, "pack_tokens": scenario.pack_tokens,
         "engine_args": {"enforce_eager": scenario.enforce_eager},
     }]}))
     log("grpc: starting our server")
@@ -155,20 +163,41 @@ async def bench_grpc(model: Path, scenario: Scenario, requests, work: Path, docs
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             await wait_ready(grpc_serving(channel), server, work / "grpc-server.log", "our server")
-            stub = rerank_pb2_grpc.RerankServiceStub(channel)
-
-            async def send(payload: tuple[str, list[str]]) -> int:
-                query, documents = payload
-                request = rerank_pb2.RerankRequest(query=query, activation=rerank_pb2.ACTIVATION_SIGMOID)
-                for d in documents:
-                    request.documents.add(text=d)
-                response = await stub.Rerank(request, timeout=60)
-                assert len(response.results) == len(documents)
-                return response.usage.prompt_tokens
-
-            return await drive("grpc (ours)", send, requests, scenario, docs_sweep)
+            yield rerank_pb2_grpc.RerankServiceStub(channel)
     finally:
         stop(server)
+
+
+async def raw_scores(stub: Any, calls: list[tuple[str, list[str]]]) -> list[list[float]]:
+    """One Rerank call per (query, documents): raw scores in document order."""
+    from scoring.v1 import rerank_pb2
+
+    out = []
+    for query, documents in calls:
+        request = rerank_pb2.RerankRequest(query=query, return_raw_scores=True)
+        for d in documents:
+            request.documents.add(text=d)
+        response = await stub.Rerank(request, timeout=120)
+        by_index = {r.index: r.raw_score for r in response.results}
+        out.append([by_index[i] for i in range(len(documents))])
+    return out
+
+
+async def bench_grpc(model: Path, scenario: Scenario, requests, work: Path, docs_sweep: list[int]) -> list[Level]:  # type: ignore[no-untyped-def]
+    from scoring.v1 import rerank_pb2
+
+    async with grpc_reranker(model, scenario, work) as stub:
+
+        async def send(payload: tuple[str, list[str]]) -> int:
+            query, documents = payload
+            request = rerank_pb2.RerankRequest(query=query, activation=rerank_pb2.ACTIVATION_SIGMOID)
+            for d in documents:
+                request.documents.add(text=d)
+            response = await stub.Rerank(request, timeout=60)
+            assert len(response.results) == len(documents)
+            return response.usage.prompt_tokens
+
+        return await drive("grpc (ours)", send, requests, scenario, docs_sweep)
 
 
 async def bench_vllm_serve(model: Path, scenario: Scenario, requests, work: Path, docs_sweep: list[int]) -> list[Level]:  # type: ignore[no-untyped-def]
@@ -248,6 +277,8 @@ def table(report: Report) -> str:
 
 async def main_async(args: argparse.Namespace) -> Report:
     scenario = CPU_SMOKE if args.cpu_smoke else GPU
+    scenario.pack_pairs = not args.no_pack
+    scenario.pack_tokens = args.pack_tokens or scenario.pack_tokens
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     model = build_model(scenario, work / f"model-{scenario.name}")
@@ -272,6 +303,8 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/scoring-bench")
     parser.add_argument("--docs-sweep", default="", help="e.g. 1,5,40: c=1 at these document counts")
     parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--no-pack", action="store_true", help="our server without pair packing")
+    parser.add_argument("--pack-tokens", type=int, help="tokens per packed engine request")
     args = parser.parse_args()
     report = asyncio.run(main_async(args))
     stem = f"rerank-{report.scenario['name']}-{report.scenario['dtype']}"

@@ -31,6 +31,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rerank-mode", choices=["cross_encoder", "bi_encoder", "late_interaction"])
     parser.add_argument("--max-items-per-request", type=int)
     parser.add_argument("--max-model-len", type=int)
+    parser.add_argument(
+        "--pack-pairs",
+        action="store_true",
+        default=None,
+        help="Qwen3 cross-encoders: every pair of a call in one engine request",
+    )
     parser.add_argument("--gpu-memory-utilization", type=float)
     parser.add_argument("--hf-overrides", type=json.loads, help="JSON object for vLLM")
     parser.add_argument("--engine-args", type=json.loads, help="JSON object of AsyncEngineArgs")
@@ -107,6 +113,7 @@ def _settings_from_args(args: argparse.Namespace) -> ServerSettings:
         "rerank_mode": args.rerank_mode,
         "max_items_per_request": args.max_items_per_request,
         "max_model_len": args.max_model_len,
+        "pack_pairs": args.pack_pairs,
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "hf_overrides": args.hf_overrides,
         "engine_args": args.engine_args,

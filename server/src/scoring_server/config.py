@@ -53,8 +53,9 @@ class ModelSettings(BaseModel):
     gpu_memory_utilization: float = Field(default=0.05, gt=0, le=1)
     hf_overrides: dict[str, Any] = Field(default_factory=dict)
     # Qwen3 cross-encoders: every pair of a call in one engine request, the shared prompt head
-    # computed once (scoring_plugin.rerank.packing). `max_model_len` stays the per-pair limit;
-    # a packed request holds up to `pack_tokens` tokens (larger calls take several).
+    # computed once (scoring_plugin.rerank.packing). `max_model_len` stays the per-pair limit
+    # (capped at `pack_tokens`); a packed request holds up to `pack_tokens` tokens (larger calls
+    # take several).
     pack_pairs: bool = False
     pack_tokens: int = Field(default=8192, ge=64)
     # Passed to vLLM's AsyncEngineArgs unchanged (enforce_eager, tensor_parallel_size, ...).

@@ -124,7 +124,9 @@ class ModelRegistry:
 
 def _packed_engine_args(settings: ModelSettings) -> dict[str, object]:
     """A packed request (every pair of a call) must reach the model whole, in one step: the model
-    keeps no KV cache to resume from, and a prefix-cache hit would skip its tokens."""
+    keeps no KV cache to resume from, and a prefix-cache hit would skip its tokens. Eager mode:
+    the compiled forward would be an embedding lookup only, while eager mode turns vLLM's fused
+    kernels (RMSNorm, rotary, SiLU) on for the transformer that runs in the pooler."""
     architectures = settings.checkpoint_architectures()
     if not set(architectures) & set(PACKABLE_ARCHITECTURES):
         raise ValueError(
@@ -137,6 +139,7 @@ def _packed_engine_args(settings: ModelSettings) -> dict[str, object]:
         "max_num_batched_tokens": max(batched, settings.pack_tokens),
         "enable_chunked_prefill": False,
         "enable_prefix_caching": False,
+        "enforce_eager": True,
     }
 
 

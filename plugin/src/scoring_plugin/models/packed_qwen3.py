@@ -4,8 +4,8 @@
 vLLM hands per-request parameters to the pooler, never to ``forward``; the layout of a packed
 request lives in its pooling parameters. So ``forward`` only embeds the tokens, and the pooler
 runs the transformer: it builds the step's :class:`AttentionPlan` from the layouts, runs the
-decoder layers with pair-isolated attention (flash-attention varlen on CUDA, where each query
-group reads its own key ranges; per-group SDPA elsewhere), and reads one score at the end of
+decoder layers with pair-isolated attention (flash-attention varlen on CUDA in fp16/bf16, where
+each query group reads its own key ranges; per-group SDPA elsewhere, fp32 included), and reads one score at the end of
 each segment. A request without a layout is one plain pair, so the model also serves unpacked
 prompts, with the same weights and checkpoint as ``Qwen3ForSequenceClassification``.
 
@@ -81,7 +81,7 @@ class PairAttention(nn.Module):
         q = q.view(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim).index_select(0, plan.kv_index)
         v = v.view(tokens, self.num_kv_heads, self.head_dim).index_select(0, plan.kv_index)
-        if self._flash is not None and q.is_cuda:
+        if self._flash is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
             varlen, version = self._flash
             kwargs = {} if version is None else {"fa_version": version}
             out = varlen(  # type: ignore[operator]

@@ -36,6 +36,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--hf-overrides", type=json.loads, default={})
     parser.add_argument("--engine-args", type=json.loads, default={})
     parser.add_argument("--max-model-len", type=int)
+    parser.add_argument("--pack-pairs", action="store_true",
+                        help="rerank: check the packed path (every pair of a call in one engine request)")
     parser.add_argument("--json", type=Path, help="also write the report here")
     parser.add_argument("--min-match", type=float, default=1.0,
                         help="fraction of labels/spans/orderings that must match (fp32 reference vs plugin)")
@@ -94,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         dtype="float32",
         hf_overrides=args.hf_overrides,
         max_model_len=args.max_model_len,
+        pack_pairs=args.pack_pairs,
         # ABSA "batched" sends every pair in one request (up to this cap).
         max_items_per_request=min(len(rows), 1024) if kind is ModelKind.ABSA else 1000,
         engine_args={**_ENGINE_DEFAULTS, **args.engine_args},

@@ -1,0 +1,314 @@
+"""Packed reranking: every pair of a call in one engine request (scoring_plugin.rerank.packing).
+
+The unit tests pin the arithmetic that keeps pairs apart (layouts, positions, key ranges) without
+an engine; the engine tests start ONE packed engine in-process on the demo Qwen3 cross-encoder
+and check that packing changes how pairs travel, never what they score.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from vllm.v1.engine.async_llm import AsyncLLM
+
+from scoring_plugin.errors import InvalidInputError
+from scoring_plugin.io_processors.engine_request import EngineRequest
+from scoring_plugin.io_processors.reranker import RerankerIOProcessor
+from scoring_plugin.models.packed_qwen3 import PairAttention
+from scoring_plugin.reference.rerank import Scorer, reference_for
+from scoring_plugin.rerank.packing import LAYOUT_KEY, AttentionPlan, layout_of, pack
+from scoring_plugin.rerank.types import RerankDocumentInput, RerankInput, RerankOutput, TruncationOptions
+from scoring_server.config import ModelSettings
+from scoring_server.engines import ServedModel, _start
+from scoring_server.services.execution import _run_all
+
+# ------------------------------------------------------------------------------------------ pack()
+
+HEAD = [7, 8, 9]
+
+
+def _prompts(*bodies: int) -> list[list[int]]:
+    """Prompts that share HEAD, with bodies of the given lengths (distinct ids per prompt)."""
+    return [HEAD + [100 * (i + 1) + j for j in range(n)] for i, n in enumerate(bodies)]
+
+
+def test_pack_shares_the_head_and_splits_at_the_budget() -> None:
+    """Each request restarts with the head, so every segment can still read it; nothing is lost,
+    reordered or duplicated across requests."""
+    prompts = _prompts(2, 3, 4, 1, 5, 2)
+    requests = pack(prompts, head_len=len(HEAD), budget=10)
+    # 3+2+3=8 (+4 > 10) | 3+4+1=8 (+5 > 10) | 3+5+2=10
+    assert [r.layout for r in requests] == [[3, 2, 3], [3, 4, 1], [3, 5, 2]]
+    assert [r.prompts for r in requests] == [[0, 1], [2, 3], [4, 5]]
+    for request in requests:
+        assert request.token_ids[: len(HEAD)] == HEAD
+        assert sum(request.layout) == len(request.token_ids) <= 10
+        # the segments are exactly the prompts' bodies, in order
+        bodies = [prompts[p][len(HEAD) :] for p in request.prompts]
+        assert request.token_ids[len(HEAD) :] == list(itertools.chain.from_iterable(bodies))
+    assert list(itertools.chain.from_iterable(r.prompts for r in requests)) == list(range(len(prompts)))
+
+
+def test_pack_keeps_one_request_within_the_budget() -> None:
+    requests = pack(_prompts(2, 3, 4), head_len=len(HEAD), budget=64)
+    assert len(requests) == 1
+    assert requests[0].layout == [3, 2, 3, 4]
+    assert requests[0].prompts == [0, 1, 2]
+    assert pack([], head_len=3, budget=10) == []
+
+
+def test_pack_rejects_a_prompt_without_the_head() -> None:
+    prompts = _prompts(2, 2)
+    prompts[1][0] = 99
+    with pytest.raises(ValueError, match="prompt 1 does not start with the shared head"):
+        pack(prompts, head_len=len(HEAD), budget=64)
+
+
+def test_pack_rejects_a_prompt_longer_than_the_budget() -> None:
+    """A pair that cannot fit alone must fail loudly, never be split over requests."""
+    with pytest.raises(ValueError, match="prompt 1 .* cannot be packed within 10"):
+        pack(_prompts(2, 8), head_len=len(HEAD), budget=10)
+    with pytest.raises(ValueError, match="cannot be packed"):  # a head with no body scores nothing
+        pack([list(HEAD)], head_len=len(HEAD), budget=10)
+
+
+# ------------------------------------------------------------------------------------ layout_of()
+
+
+def test_layout_of_defaults_to_one_plain_pair() -> None:
+    """Warm-up and unpacked prompts carry no layout: the whole request is one pair, no head."""
+    assert layout_of(None, 7) == [0, 7]
+    assert layout_of({}, 7) == [0, 7]
+    assert layout_of({"other": 1}, 7) == [0, 7]
+    assert layout_of({LAYOUT_KEY: [3, 2, 2]}, 7) == [3, 2, 2]
+
+
+@pytest.mark.parametrize("layout", [[3, 2, 3], [3, 2, 1], [7], [3, 0, 4], [-1, 4, 4]])
+def test_layout_of_rejects_a_layout_not_describing_the_request(layout: list[int]) -> None:
+    with pytest.raises(ValueError, match="does not describe a request of 7 tokens"):
+        layout_of({LAYOUT_KEY: layout}, 7)
+
+
+# ---------------------------------------------------------------------------------- AttentionPlan
+
+
+def test_attention_plan_of_two_requests() -> None:
+    """Request 1: head 3, segments 2 and 4; request 2: a plain pair of 5 (no head group)."""
+    plan = AttentionPlan.build([[3, 2, 4], [0, 5]])
+    assert plan.positions.tolist() == [0, 1, 2, 3, 4, 3, 4, 5, 6, 0, 1, 2, 3, 4]
+    assert plan.kv_index.tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 2, 5, 6, 7, 8, 9, 10, 11, 12, 13]
+    assert plan.cu_q.tolist() == [0, 3, 5, 9, 14]
+    assert plan.cu_k.tolist() == [0, 3, 8, 15, 20]
+    assert plan.cu_q.dtype == np.int32 and plan.cu_k.dtype == np.int32  # flash-attn's index type
+    assert (plan.max_q, plan.max_k) == (5, 7)
+    assert plan.score_rows.tolist() == [4, 8, 13]
+    assert plan.segments == [2, 1]
+
+
+def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Plain causal attention of one sequence, (tokens, heads, dim); GQA by repeating kv heads."""
+    repeat = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True
+    )
+    return out.transpose(0, 1)
+
+
+@pytest.mark.parametrize("layout", [[4, 3, 5], [1, 6, 1], [0, 5]])
+def test_pair_attention_equals_each_pair_alone(layout: list[int]) -> None:
+    """The per-group path (CPU) must give each segment exactly what causal attention over
+    head + segment alone gives, and the head what it gets alone: no pair sees another."""
+    torch.manual_seed(0)
+    heads, kv_heads, dim = 4, 2, 8
+    tokens = sum(layout)
+    q = torch.randn(tokens, heads, dim, dtype=torch.float64)
+    k = torch.randn(tokens, kv_heads, dim, dtype=torch.float64)
+    v = torch.randn(tokens, kv_heads, dim, dtype=torch.float64)
+    plan = AttentionPlan.build([layout])
+    index = torch.from_numpy(plan.kv_index)
+    packed = PairAttention(heads, kv_heads, dim)._per_group(q, k[index], v[index], plan)
+
+    head = layout[0]
+    if head:
+        torch.testing.assert_close(packed[:head], _causal(q[:head], k[:head], v[:head]), rtol=0, atol=1e-12)
+    start = head
+    for length in layout[1:]:
+        rows = torch.cat([torch.arange(head), torch.arange(start, start + length)])
+        alone = _causal(q[rows], k[rows], v[rows])
+        torch.testing.assert_close(packed[start : start + length], alone[head:], rtol=0, atol=1e-12)
+        start += length
+
+
+# ---------------------------------------------------------------------------------- packed engine
+
+PACK_TOKENS = 256
+QUERY = "quiet cafe"
+SHORT_DOCS = [
+    "the cafe is quiet and clean",
+    "price of coffee in the city",
+    "museum park river",
+    "the cafe is quiet and clean",  # duplicate of 0
+    "cats sleep all day",
+]
+LONG_DOC = "coffee tea milk water bread cheese " * 3  # ~3x a short document; the call still fits 256
+
+
+@dataclass
+class PackedEngine:
+    """One packed engine and the event loop its AsyncLLM is bound to."""
+
+    processor: RerankerIOProcessor
+    engine: AsyncLLM
+    loop: asyncio.AbstractEventLoop
+    path: Path
+    calls: Iterator[int]
+
+    def run(self, request: RerankInput) -> tuple[list[EngineRequest], RerankOutput]:
+        """One call as the server makes it: plan, submit, post-process (state always popped)."""
+        request_id = f"pack-{next(self.calls)}"
+        requests = self.processor.plan(self.processor.parse_data(request), request_id)
+        try:
+            outputs = self.loop.run_until_complete(_run_all(self.engine, requests, request_id))
+            return requests, self.processor.post_process(outputs, request_id)
+        finally:
+            self.processor.discard(request_id)
+
+    def raw_scores(self, query: str, documents: Sequence[str]) -> tuple[list[EngineRequest], list[float]]:
+        request = RerankInput(
+            query=query, documents=[RerankDocumentInput(text=d) for d in documents], return_raw_scores=True
+        )
+        requests, output = self.run(request)
+        by_index = {r.index: r.raw_score for r in output.results if r.raw_score is not None}
+        assert sorted(by_index) == list(range(len(documents)))
+        return requests, [by_index[i] for i in range(len(documents))]
+
+
+@pytest.fixture(scope="module")
+def packed(demo_models: dict[str, ModelSettings]) -> Iterator[PackedEngine]:
+    """ONE packed engine for the module (start ~30 s on CPU), shut down at the end."""
+    path = Path(demo_models["qwen3-seq-cls"].path)
+    settings = ModelSettings(
+        name="qwen3-seq-cls-packed", path=str(path), dtype="float32", pack_pairs=True, pack_tokens=PACK_TOKENS
+    )
+    model = ServedModel(settings)
+    _start(model)
+    assert model.engine is not None and isinstance(model.processor, RerankerIOProcessor)
+    loop = asyncio.new_event_loop()
+    try:
+        yield PackedEngine(model.processor, model.engine, loop, path, itertools.count())
+    finally:
+        model.engine.shutdown()
+        # The engine's output handler task lives on this loop: let it finish its cancellation.
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.close()
+
+
+@pytest.fixture(scope="module")
+def reference(packed: PackedEngine) -> Scorer:
+    """The Hugging Face scorer of the same checkpoint (plain transformers, fp32)."""
+    return reference_for(packed.path)
+
+
+def _layouts(requests: list[EngineRequest]) -> list[list[int]]:
+    layouts = []
+    for r in requests:
+        layout = (r.params.extra_kwargs or {}).get(LAYOUT_KEY)
+        assert layout is not None, "a packed engine request must carry its pair layout"
+        assert sum(layout) == len(r.prompt["prompt_token_ids"]) <= PACK_TOKENS
+        layouts.append(list(layout))
+    return layouts
+
+
+def test_one_call_is_one_engine_request_scoring_like_the_reference(
+    packed: PackedEngine, reference: Scorer
+) -> None:
+    """Short and long documents plus a duplicate fit the budget: one request, reference scores."""
+    docs = [*SHORT_DOCS[:3], LONG_DOC, *SHORT_DOCS[3:]]
+    requests, scores = packed.raw_scores(QUERY, docs)
+    layouts = _layouts(requests)
+    assert len(requests) == 1, layouts
+    # the duplicate is one segment; the long document's segment is the longest
+    assert len(layouts[0]) - 1 == len(set(docs))
+    assert max(layouts[0][1:]) == layouts[0][1 + docs.index(LONG_DOC)]
+    expected = reference(QUERY, docs, True)
+    assert scores == pytest.approx(expected, abs=1e-4)
+    assert scores[docs.index(SHORT_DOCS[0])] == scores[len(docs) - 2]  # exactly, not approximately
+
+
+def test_pairs_beyond_the_budget_take_several_requests(packed: PackedEngine, reference: Scorer) -> None:
+    """12 documents exceed pack_tokens: several requests, each pair still scored as if alone."""
+    words = "coffee tea milk water bread cheese cafe quiet city river park museum".split()
+    docs = [" ".join(words[(i + j) % len(words)] for j in range(8 + i % 4)) for i in range(12)]
+    requests, scores = packed.raw_scores(QUERY, docs)
+    layouts = _layouts(requests)
+    assert len(requests) > 1
+    head = layouts[0][0]
+    assert all(layout[0] == head for layout in layouts)  # every request restarts with the head
+    assert sum(len(layout) - 1 for layout in layouts) == len(docs)
+    assert scores == pytest.approx(reference(QUERY, docs, True), abs=1e-4)
+    for doc, score in zip(docs, scores):
+        alone_requests, alone = packed.raw_scores(QUERY, [doc])
+        assert _layouts(alone_requests)[0][0] == head
+        assert score == pytest.approx(alone[0], abs=1e-5)
+
+
+def test_no_request_state_is_left_behind(packed: PackedEngine) -> None:
+    """Runs after the calls above: each packed call keeps one state from plan to post_process
+    (however many engine requests it took), then none."""
+    processor = packed.processor
+    assert processor.pending_states == 0
+    request = RerankInput(query=QUERY, documents=[RerankDocumentInput(text=d) for d in SHORT_DOCS])
+    processor.plan(processor.parse_data(request), "probe")
+    assert processor.pending_states == 1
+    processor.discard("probe")
+    packed.run(request)
+    assert processor.pending_states == 0
+
+
+def test_per_pair_limit_is_the_checkpoints_capped_by_pack_tokens(packed: PackedEngine) -> None:
+    """The engine's max_model_len is pack_tokens (a whole call); a pair keeps the checkpoint's
+    position limit (512, not pack_tokens), but must also fit one packed request, so with
+    pack_tokens=256 < 512 the advertised per-pair limit is 256."""
+    assert packed.processor._request_tokens == PACK_TOKENS
+    assert packed.processor.settings.max_pair_tokens == 512
+    assert packed.processor.max_model_len == min(PACK_TOKENS, 512)
+
+
+def test_a_pair_at_the_advertised_limit_packs(packed: PackedEngine) -> None:
+    """Whatever the limit advertised, a pair truncated to it must pack (pack() would raise
+    otherwise), and one beyond it without truncation is the caller's error, not a crash."""
+    limit = packed.processor.max_model_len
+    documents = [RerankDocumentInput(text="coffee tea milk water bread cheese " * 60)]
+    truncated = RerankInput(query=QUERY, documents=documents, truncation=TruncationOptions())
+    requests, output = packed.run(truncated)
+    assert output.results[0].tokens == limit == len(requests[0].prompt["prompt_token_ids"])
+    with pytest.raises(InvalidInputError):
+        packed.run(RerankInput(query=QUERY, documents=documents))
+    assert packed.processor.pending_states == 0
+
+
+def test_config_advertises_the_checkpoints_positions(demo_models: dict[str, ModelSettings]) -> None:
+    """ModelSettings hands the plugin the checkpoint's positions as the per-pair limit, never
+    pack_tokens; an explicit max_model_len wins."""
+    from scoring_plugin.models import PACKED_QWEN3_ARCHITECTURE
+    from scoring_plugin.rerank.settings import OVERRIDES_KEY
+
+    path = demo_models["qwen3-seq-cls"].path
+    settings = ModelSettings(name="q", path=path, dtype="float32", pack_pairs=True, pack_tokens=PACK_TOKENS)
+    overrides = settings.effective_hf_overrides()
+    assert overrides["architectures"] == [PACKED_QWEN3_ARCHITECTURE]
+    assert overrides[OVERRIDES_KEY]["max_pair_tokens"] == 512
+    explicit = settings.model_copy(update={"max_model_len": 128})
+    assert explicit.effective_hf_overrides()[OVERRIDES_KEY]["max_pair_tokens"] == 128
