@@ -94,12 +94,14 @@ class ModelSettings(BaseModel):
         """A packed model's per-pair limit: the configured one, else the checkpoint's positions."""
         if self.max_model_len is not None:
             return self.max_model_len
-        config = json.loads((Path(self.path) / "config.json").read_text())
-        return int(config.get("max_position_embeddings") or self.pack_tokens)
+        return int(self._checkpoint_config().get("max_position_embeddings") or self.pack_tokens)
 
     def checkpoint_architectures(self) -> list[str]:
-        config = json.loads((Path(self.path) / "config.json").read_text())
-        return [str(a) for a in self.hf_overrides.get("architectures") or config.get("architectures") or []]
+        architectures = self.hf_overrides.get("architectures") or self._checkpoint_config().get("architectures")
+        return [str(a) for a in architectures or []]
+
+    def _checkpoint_config(self) -> dict[str, Any]:
+        return json.loads((Path(self.path) / "config.json").read_text())
 
 
 class ServerSettings(BaseSettings):

@@ -36,7 +36,7 @@ from vllm.model_executor.layers.pooler import IdentityPooler
 from vllm.model_executor.models.clip import CLIPEncoder, CLIPTextEmbeddings, CLIPVisionTransformer
 from vllm.model_executor.models.interfaces import IsAttentionFree, MultiModalEmbeddings, SupportsMultiModal
 from vllm.model_executor.models.interfaces_base import attn_type
-from vllm.model_executor.models.utils import AutoWeightsLoader, WeightsMapper
+from vllm.model_executor.models.utils import WeightsMapper
 from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.multimodal.inputs import MultiModalFieldConfig, MultiModalKwargsItems, PlaceholderRange
 from vllm.multimodal.parse import DictEmbeddingItems, ModalityDataItems, MultiModalDataItems, MultiModalDataParser
@@ -52,6 +52,7 @@ from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.sequence import IntermediateTensors
 
 from scoring_plugin.image_rank.settings import ImageRankSettings
+from scoring_plugin.models.loading import load_all_weights
 
 IMAGE_RANK_TASK = "plugin"
 # The raw inputs of one engine request, each a tensor without a batch dimension.
@@ -349,11 +350,7 @@ class ClipImageRanker(nn.Module, IsAttentionFree, SupportsMultiModal):
         return scores.float().unsqueeze(-1)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        loaded = AutoWeightsLoader(self).load_weights(weights, mapper=_MAPPER)
-        missing = {name for name, _ in self.named_parameters()} - loaded
-        if missing:
-            raise ValueError(f"checkpoint lacks parameters: {sorted(missing)[:8]}")
-        return loaded
+        return load_all_weights(self, weights, _MAPPER)
 
 
 def _stacked(value: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:

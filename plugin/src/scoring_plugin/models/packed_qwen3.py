@@ -15,6 +15,7 @@ one step: the server turns chunked prefill and prefix caching off for it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Set
 
 import torch
@@ -31,13 +32,14 @@ from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmb
 from vllm.model_executor.models.interfaces import IsAttentionFree
 from vllm.model_executor.models.interfaces_base import attn_type
 from vllm.model_executor.models.qwen2 import Qwen2MLP
-from vllm.model_executor.models.utils import AutoWeightsLoader, WeightsMapper
+from vllm.model_executor.models.utils import WeightsMapper
 from vllm.sequence import IntermediateTensors
 from vllm.tasks import PoolingTask
 from vllm.transformers_utils.config import set_default_rope_theta
 from vllm.v1.outputs import PoolerOutput
 from vllm.v1.pool.metadata import PoolingMetadata
 
+from scoring_plugin.models.loading import load_all_weights
 from scoring_plugin.rerank.packing import AttentionPlan, layout_of
 
 PACKED_TASK: PoolingTask = "plugin"
@@ -55,6 +57,7 @@ class DevicePlan:
         self.score_rows = torch.from_numpy(plan.score_rows).to(device, non_blocking=True)
 
 
+@functools.cache
 def _flash_varlen() -> tuple[object, int | None] | None:
     """vLLM's flash-attention build and the version it picks for this GPU, where there is one."""
     if not torch.cuda.is_available():
@@ -230,8 +233,4 @@ class PackedQwen3ForSequenceClassification(nn.Module, IsAttentionFree):
         return self.embed_tokens(input_ids)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        loaded = AutoWeightsLoader(self).load_weights(weights, mapper=_MAPPER)
-        missing = {name for name, _ in self.named_parameters()} - loaded
-        if missing:
-            raise ValueError(f"checkpoint lacks parameters: {sorted(missing)[:8]}")
-        return loaded
+        return load_all_weights(self, weights, _MAPPER)
