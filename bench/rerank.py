@@ -23,7 +23,7 @@ import statistics
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,8 @@ class Scenario:
     # Our server: every pair of a call in one engine request, up to this many tokens per request.
     pack_pairs: bool = True
     pack_tokens: int = 16384
+    # The packed model's layers as CUDA graphs (False: eager, the `grpc-eager` system).
+    pack_graphs: bool = True
 
 
 GPU = Scenario("qwen3-0.6b-shaped", "bfloat16", 1024, 28, 16, 8, 128, 3072, 20, [1, 16, 64], 15.0, False, 0.5, 128)
@@ -156,6 +158,7 @@ async def grpc_reranker(model: Path, scenario: Scenario, work: Path) -> AsyncIte
         "rerank_mode": "cross_encoder", "max_model_len": 512,
         "gpu_memory_utilization": scenario.gpu_memory_utilization,
         "pack_pairs": scenario.pack_pairs, "pack_tokens": scenario.pack_tokens,
+        "pack_graphs": scenario.pack_graphs,
         "engine_args": {"enforce_eager": scenario.enforce_eager},
     }]}))
     log("grpc: starting our server")
@@ -183,7 +186,7 @@ async def raw_scores(stub: Any, calls: list[tuple[str, list[str]]]) -> list[list
     return out
 
 
-async def bench_grpc(model: Path, scenario: Scenario, requests, work: Path, docs_sweep: list[int]) -> list[Level]:  # type: ignore[no-untyped-def]
+async def bench_grpc(model: Path, scenario: Scenario, requests, work: Path, docs_sweep: list[int], label: str) -> list[Level]:  # type: ignore[no-untyped-def]
     from scoring.v1 import rerank_pb2
 
     async with grpc_reranker(model, scenario, work) as stub:
@@ -197,7 +200,7 @@ async def bench_grpc(model: Path, scenario: Scenario, requests, work: Path, docs
             assert len(response.results) == len(documents)
             return response.usage.prompt_tokens
 
-        return await drive("grpc (ours)", send, requests, scenario, docs_sweep)
+        return await drive(label, send, requests, scenario, docs_sweep)
 
 
 async def bench_vllm_serve(model: Path, scenario: Scenario, requests, work: Path, docs_sweep: list[int]) -> list[Level]:  # type: ignore[no-untyped-def]
@@ -290,7 +293,10 @@ async def main_async(args: argparse.Namespace) -> Report:
     if "hf" in systems:
         report.hf_items_per_s = bench_hf(model, scenario, requests)
     if "grpc" in systems:
-        report.levels += await bench_grpc(model, scenario, requests, work, docs_sweep)
+        report.levels += await bench_grpc(model, scenario, requests, work, docs_sweep, "grpc (ours)")
+    if "grpc-eager" in systems and scenario.pack_pairs:
+        eager = replace(scenario, pack_graphs=False)
+        report.levels += await bench_grpc(model, eager, requests, work, docs_sweep, "grpc (ours, eager layers)")
     if "vllm" in systems:
         report.levels += await bench_vllm_serve(model, scenario, requests, work, docs_sweep)
     return report
@@ -299,7 +305,7 @@ async def main_async(args: argparse.Namespace) -> Report:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu-smoke", action="store_true")
-    parser.add_argument("--systems", default="hf,grpc,vllm")
+    parser.add_argument("--systems", default="hf,grpc,vllm", help="of hf,grpc,grpc-eager,vllm")
     parser.add_argument("--work", default="/tmp/scoring-bench")
     parser.add_argument("--docs-sweep", default="", help="e.g. 1,5,40: c=1 at these document counts")
     parser.add_argument("--out", default="bench/results")

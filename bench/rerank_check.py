@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +28,23 @@ def orderings_match(a: list[float], b: list[float]) -> bool:
     return sorted(range(len(a)), key=lambda i: -a[i]) == sorted(range(len(b)), key=lambda i: -b[i])
 
 
+def widest_inversion(served: list[float], reference: list[float]) -> float:
+    """The largest reference-score gap between two documents that ``served`` orders the other way
+    round: 0 when the orderings match; below the dtype's score error, the swap is a near-tie."""
+    return max(
+        (abs(reference[i] - reference[j])
+         for i in range(len(served)) for j in range(i + 1, len(served))
+         if (served[i] - served[j]) * (reference[i] - reference[j]) < 0),
+        default=0.0,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu-smoke", action="store_true")
     parser.add_argument("--queries", type=int, default=8)
     parser.add_argument("--dtype", help="serving dtype (default: the scenario's)")
+    parser.add_argument("--eager-too", action="store_true", help="also serve with eager pooler layers and compare")
     parser.add_argument("--work", default="/tmp/scoring-rerank-check")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
@@ -49,6 +62,11 @@ def main() -> None:
     singles_flat = [s[0] for s in scores[len(requests) : len(requests) + len(single_calls)]]
     duplicates = scores[len(requests) + len(single_calls) :]
     singles = [singles_flat[i * len(docs) : (i + 1) * len(docs)] for i, (_, docs) in enumerate(requests)]
+    eager = (
+        asyncio.run(served_scores(model, work, replace(scenario, pack_graphs=False), batched_calls))
+        if args.eager_too
+        else None
+    )
 
     log("Hugging Face reference (fp32)")
     from scoring_plugin.reference.rerank import reference_for
@@ -71,11 +89,14 @@ def main() -> None:
         "max_abs_diff_single_vs_reference": max_diff(singles, expected),
         "max_abs_diff_batched_vs_single": max_diff(batched, singles),
         "orderings_match_reference": sum(orderings_match(b, e) for b, e in zip(batched, expected)),
+        "widest_inversion_reference_gap": max(widest_inversion(b, e) for b, e in zip(batched, expected)),
         "duplicates_identical": sum(d[: len(d) // 2] == d[len(d) // 2 :] for d in duplicates),
         "duplicates_vs_batched_max_abs_diff": max(
             abs(x - y) for d, b in zip(duplicates, batched) for x, y in zip(d[: len(d) // 2], b)
         ),
     }
+    if eager is not None:
+        report["max_abs_diff_graphs_vs_eager_layers"] = max_diff(batched, eager)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"rerank-check-{scenario.name}-{scenario.dtype}.json"

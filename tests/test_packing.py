@@ -22,7 +22,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from scoring_plugin.errors import InvalidInputError
 from scoring_plugin.io_processors.engine_request import EngineRequest
 from scoring_plugin.io_processors.reranker import RerankerIOProcessor
-from scoring_plugin.models.packed_qwen3 import PairAttention
+from scoring_plugin.models.packed_qwen3 import DevicePlan, PairAttention
 from scoring_plugin.reference.rerank import Scorer, reference_for
 from scoring_plugin.rerank.packing import LAYOUT_KEY, AttentionPlan, layout_of, pack
 from scoring_plugin.rerank.types import RerankDocumentInput, RerankInput, RerankOutput, TruncationOptions
@@ -134,8 +134,10 @@ def test_pair_attention_equals_each_pair_alone(layout: list[int]) -> None:
     k = torch.randn(tokens, kv_heads, dim, dtype=torch.float64)
     v = torch.randn(tokens, kv_heads, dim, dtype=torch.float64)
     plan = AttentionPlan.build([layout])
-    index = torch.from_numpy(plan.kv_index)
-    packed = PairAttention(heads, kv_heads, dim)._per_group(q, k[index], v[index], plan)
+    out = torch.empty(tokens, heads * dim, dtype=torch.float64)
+    flat = [t.reshape(tokens, -1) for t in (q, k, v)]
+    PairAttention(heads, kv_heads, dim)(*flat, DevicePlan(plan, torch.device("cpu")), out)
+    packed = out.view(tokens, heads, dim)
 
     head = layout[0]
     if head:

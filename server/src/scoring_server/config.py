@@ -58,6 +58,8 @@ class ModelSettings(BaseModel):
     # take several).
     pack_pairs: bool = False
     pack_tokens: int = Field(default=8192, ge=64)
+    # On CUDA the packed model replays its layers as CUDA graphs; False keeps them eager.
+    pack_graphs: bool = True
     # Passed to vLLM's AsyncEngineArgs unchanged (enforce_eager, tensor_parallel_size, ...).
     engine_args: dict[str, Any] = Field(default_factory=dict)
     default: bool = False
@@ -83,6 +85,7 @@ class ModelSettings(BaseModel):
             if self.pack_pairs:
                 overrides["architectures"] = [PACKED_QWEN3_ARCHITECTURE]
                 own["max_pair_tokens"] = self.max_pair_tokens()
+                own["pooler_graphs"] = self.pack_graphs
         elif self.kind is ModelKind.ABSA:
             key, own = ABSA_OVERRIDES_KEY, {"max_pairs": self.max_items_per_request}
         else:

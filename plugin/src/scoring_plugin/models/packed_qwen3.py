@@ -9,6 +9,10 @@ each query group reads its own key ranges; per-group SDPA elsewhere, fp32 includ
 each segment. A request without a layout is one plain pair, so the model also serves unpacked
 prompts, with the same weights and checkpoint as ``Qwen3ForSequenceClassification``.
 
+On CUDA the layers between two attentions replay as CUDA graphs at bucketed token counts
+(:mod:`scoring_plugin.models.layer_graphs`): eager, their kernel launches were the fixed cost of a
+call.
+
 The model holds no KV cache (vLLM sees it as attention-free), so a request must arrive whole in
 one step: the server turns chunked prefill and prefix caching off for it.
 """
@@ -33,14 +37,17 @@ from vllm.model_executor.models.interfaces import IsAttentionFree
 from vllm.model_executor.models.interfaces_base import attn_type
 from vllm.model_executor.models.qwen2 import Qwen2MLP
 from vllm.model_executor.models.utils import WeightsMapper
+from vllm.platforms import current_platform
 from vllm.sequence import IntermediateTensors
 from vllm.tasks import PoolingTask
 from vllm.transformers_utils.config import set_default_rope_theta
 from vllm.v1.outputs import PoolerOutput
 from vllm.v1.pool.metadata import PoolingMetadata
 
+from scoring_plugin.models.layer_graphs import LayerGraphs, run_eager
 from scoring_plugin.models.loading import load_all_weights
 from scoring_plugin.rerank.packing import AttentionPlan, layout_of
+from scoring_plugin.rerank.settings import RerankSettings
 
 PACKED_TASK: PoolingTask = "plugin"
 
@@ -79,24 +86,26 @@ class PairAttention(nn.Module):
         self.scale = head_dim**-0.5
         self._flash = _flash_varlen()
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DevicePlan) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DevicePlan, out: torch.Tensor) -> None:
+        """Writes the attention of the plan's rows into ``out`` ([tokens, heads * head_dim])."""
         tokens = q.shape[0]
         q = q.view(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim).index_select(0, plan.kv_index)
         v = v.view(tokens, self.num_kv_heads, self.head_dim).index_select(0, plan.kv_index)
+        out = out.view(tokens, self.num_heads, self.head_dim)
         if self._flash is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
             varlen, version = self._flash
             kwargs = {} if version is None else {"fa_version": version}
-            out = varlen(  # type: ignore[operator]
+            varlen(  # type: ignore[operator]
                 q, k, v, plan.plan.max_q, plan.cu_q, plan.plan.max_k, plan.cu_k,
-                softmax_scale=self.scale, causal=True, **kwargs,
+                softmax_scale=self.scale, causal=True, out=out, **kwargs,
             )
         else:
-            out = self._per_group(q, k, v, plan.plan)
-        return out.reshape(tokens, self.num_heads * self.head_dim)
+            self._per_group(q, k, v, plan.plan, out)
 
-    def _per_group(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
-        out = torch.empty_like(q)
+    def _per_group(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: AttentionPlan, out: torch.Tensor
+    ) -> None:
         cu_q, cu_k = plan.cu_q.tolist(), plan.cu_k.tolist()
         for g in range(len(cu_q) - 1):
             qs, qe, ks, ke = cu_q[g], cu_q[g + 1], cu_k[g], cu_k[g + 1]
@@ -106,7 +115,6 @@ class PairAttention(nn.Module):
                 q[qs:qe].transpose(0, 1), k[ks:ke].transpose(0, 1), v[ks:ke].transpose(0, 1),
                 attn_mask=mask, scale=self.scale, enable_gqa=True,
             ).transpose(0, 1)
-        return out
 
 
 class PackedQwen3Attention(nn.Module):
@@ -131,17 +139,18 @@ class PackedQwen3Attention(nn.Module):
         self.k_norm = RMSNorm(head_dim, eps=config.rms_norm_eps)
         self.attn = PairAttention(heads, kv_heads, head_dim)
 
-    def forward(self, hidden: torch.Tensor, plan: DevicePlan) -> torch.Tensor:
+    def qkv(self, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         qkv, _ = self.qkv_proj(hidden)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = self.q_norm(q.view(*q.shape[:-1], -1, self.head_dim)).view(q.shape)
         k = self.k_norm(k.view(*k.shape[:-1], -1, self.head_dim)).view(k.shape)
-        q, k = self.rotary_emb(plan.positions, q, k)
-        out, _ = self.o_proj(self.attn(q, k, v, plan))
-        return out
+        q, k = self.rotary_emb(positions, q, k)
+        return q, k, v
 
 
 class PackedQwen3Layer(nn.Module):
+    """A Qwen3 decoder layer cut at its attention (:class:`~.layer_graphs.SplitLayer`)."""
+
     def __init__(self, config: Qwen3Config, prefix: str) -> None:
         super().__init__()
         self.self_attn = PackedQwen3Attention(config, f"{prefix}.self_attn")
@@ -149,28 +158,43 @@ class PackedQwen3Layer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(
-        self, hidden: torch.Tensor, residual: torch.Tensor | None, plan: DevicePlan
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def attention_inputs(
+        self, hidden: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(hidden, plan)
+        q, k, v = self.self_attn.qkv(hidden, positions)
+        return q, k, v, residual
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DevicePlan, out: torch.Tensor) -> None:
+        self.self_attn.attn(q, k, v, plan, out)
+
+    def finish(self, attn: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden, _ = self.self_attn.o_proj(attn)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
 
 class PackedPairScorer(Pooler):
-    """The decoder layers, the final norm and the score head, run over the pooled step."""
+    """The decoder layers, the final norm and the score head, run over the pooled step; the
+    layers as piecewise CUDA graphs when ``graph_tokens`` (the step's token limit) is given."""
 
-    def __init__(self, config: Qwen3Config, prefix: str) -> None:
+    def __init__(self, config: Qwen3Config, prefix: str, graph_tokens: int | None) -> None:
         super().__init__()
         self.layers = nn.ModuleList(
             PackedQwen3Layer(config, f"{prefix}.layers.{i}") for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.score = ReplicatedLinear(config.hidden_size, config.num_labels, bias=False, prefix=f"{prefix}.score")
+        attention = self.layers[0].self_attn
+        self.attn_width = attention.attn.num_heads * attention.head_dim
+        self.graphs = (
+            None
+            if graph_tokens is None
+            else LayerGraphs(list(self.layers), config.hidden_size, self.attn_width, graph_tokens)
+        )
 
     def get_supported_tasks(self) -> Set[PoolingTask]:
         return {PACKED_TASK}
@@ -182,10 +206,10 @@ class PackedPairScorer(Pooler):
         counts = cursor.num_scheduled_tokens_cpu.tolist()
         layouts = [layout_of(p.extra_kwargs, n) for p, n in zip(pooling_metadata.pooling_params, counts)]
         plan = DevicePlan(AttentionPlan.build(layouts), hidden_states.device)
-        hidden, residual = hidden_states, None
-        for layer in self.layers:
-            hidden, residual = layer(hidden, residual, plan)
-        assert residual is not None
+        if self.graphs is not None and hidden_states.shape[0] <= self.graphs.max_tokens:
+            hidden, residual = self.graphs.run(hidden_states, plan.positions, plan)
+        else:
+            hidden, residual = run_eager(list(self.layers), hidden_states, plan.positions, plan, self.attn_width)
         rows = plan.score_rows
         last, _ = self.norm(hidden.index_select(0, rows), residual.index_select(0, rows))
         scores, _ = self.score(last)
@@ -214,7 +238,13 @@ class PackedQwen3ForSequenceClassification(nn.Module, IsAttentionFree):
         config: Qwen3Config = vllm_config.model_config.hf_config
         set_default_rope_theta(config, default_theta=1000000)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.pooler = PackedPairScorer(config, "pooler")
+        graphs = (
+            RerankSettings.from_hf_config(config).pooler_graphs
+            and current_platform.is_cuda()
+            and get_tensor_model_parallel_world_size() == 1
+        )
+        graph_tokens = vllm_config.scheduler_config.max_num_batched_tokens if graphs else None
+        self.pooler = PackedPairScorer(config, "pooler", graph_tokens)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)

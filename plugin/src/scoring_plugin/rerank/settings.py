@@ -54,6 +54,9 @@ class RerankSettings:
     max_documents: int
     # Per-pair token limit when it is below the engine's: a packed engine's limit is per request.
     max_pair_tokens: int | None = None
+    # Packed model on CUDA: its pooler's layers as piecewise CUDA graphs (off: eager, for
+    # comparison and debugging).
+    pooler_graphs: bool = True
 
     @classmethod
     def from_hf_config(cls, hf_config: Any) -> RerankSettings:
@@ -81,6 +84,7 @@ class RerankSettings:
             instruction=str(own.get("instruction", QWEN3_DEFAULT_INSTRUCTION)),
             max_documents=max_documents,
             max_pair_tokens=None if max_pair_tokens is None else int(max_pair_tokens),
+            pooler_graphs=bool(own.get("pooler_graphs", True)),
         )
 
 

@@ -1,0 +1,169 @@
+"""Piecewise CUDA graphs for a decoder stack that runs outside vLLM's compiled forward.
+
+The packed models run their transformer in the pooler (the only place that sees per-request
+parameters), where vLLM's CUDA graphs never reach. Eager, a 28-layer stack issues about 450
+kernel launches per step, each with its Python and dispatch cost: on the H200 that fixed cost,
+not the arithmetic, set the latency of a small rerank call. Attention cannot be captured (its
+query groups and key ranges change every step), everything between two attentions can: at a
+bucketed token count the pieces are replayed as graphs and only the attention runs eagerly, the
+way vLLM's own piecewise mode splits a compiled model at its attention ops.
+
+Rows past the step's tokens (up to the bucket) carry stale but finite values through row-wise
+ops only (norms, projections, MLP); attention reads real rows alone, so they never mix in.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Generic, Protocol, TypeVar
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+PlanT = TypeVar("PlanT", contravariant=True)
+
+
+class SplitLayer(Protocol[PlanT]):
+    """A decoder layer cut at its attention: row-wise work before and after, attention between."""
+
+    def attention_inputs(
+        self, hidden: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q, k, v, residual) of this layer's input."""
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: PlanT, out: torch.Tensor) -> None:
+        """Writes the attention of the step's real rows into ``out``."""
+
+    def finish(self, attn: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden, residual) after the output projection and the MLP."""
+
+
+def run_eager(
+    layers: Sequence[SplitLayer[PlanT]], hidden: torch.Tensor, positions: torch.Tensor, plan: PlanT, attn_width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stack without graphs: the CPU backend, fp32 reference runs, steps past the buckets."""
+    residual: torch.Tensor | None = None
+    for layer in layers:
+        q, k, v, residual = layer.attention_inputs(hidden, residual, positions)
+        attn = q.new_empty(q.shape[0], attn_width)
+        layer.attend(q, k, v, plan, attn)
+        hidden, residual = layer.finish(attn, residual)
+    assert residual is not None
+    return hidden, residual
+
+
+def token_buckets(max_tokens: int, smallest: int = 16) -> list[int]:
+    """Four sizes per doubling (padding stays under a fifth of a step), multiples of 8, up to
+    and including ``max_tokens``."""
+    sizes: set[int] = set()
+    octave = smallest
+    while octave < max_tokens:
+        sizes.update(octave * quarters // 4 // 8 * 8 for quarters in (4, 5, 6, 7))
+        octave *= 2
+    return sorted(s for s in sizes if 0 < s < max_tokens) + [max_tokens]
+
+
+class _Bucket:
+    """One token count's graphs. Piece 0 embeds-to-qkv of layer 0; piece i finishes layer i-1 and
+    prepares layer i; the last piece finishes the last layer. Outputs live in the shared graph
+    pool and are held as weak references: a piece's outputs may reuse the memory of outputs two
+    pieces back, which replay order has already consumed."""
+
+    def __init__(self) -> None:
+        self.graphs: list[torch.cuda.CUDAGraph] = []
+        self.qkv: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.out: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+class LayerGraphs(Generic[PlanT]):
+    """Captures every bucket up to ``max_tokens`` on first use (vLLM's profiling run, so the
+    graph memory is counted), largest first so smaller buckets reuse the same pool."""
+
+    def __init__(
+        self, layers: Sequence[SplitLayer[PlanT]], hidden_size: int, attn_width: int, max_tokens: int
+    ) -> None:
+        self.layers = layers
+        self.hidden_size, self.attn_width = hidden_size, attn_width
+        self.buckets = token_buckets(max_tokens)
+        self._captured: dict[int, _Bucket] = {}
+        self._embeds: torch.Tensor | None = None
+        self._positions: torch.Tensor | None = None
+        self._attn: torch.Tensor | None = None
+
+    @property
+    def max_tokens(self) -> int:
+        return self.buckets[-1]
+
+    def run(self, hidden: torch.Tensor, positions: torch.Tensor, plan: PlanT) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden, residual) of the last layer for the step's rows; views into graph memory,
+        valid until the next call."""
+        tokens = hidden.shape[0]
+        if not self._captured:
+            self._capture_all(hidden)
+        assert self._embeds is not None and self._positions is not None and self._attn is not None
+        size = next(b for b in self.buckets if b >= tokens)
+        bucket = self._captured[size]
+        self._embeds[:tokens].copy_(hidden)
+        self._positions[:tokens].copy_(positions)
+        for layer, graph, (q, k, v) in zip(self.layers, bucket.graphs, bucket.qkv):
+            graph.replay()
+            layer.attend(q[:tokens], k[:tokens], v[:tokens], plan, self._attn[:tokens])
+        bucket.graphs[-1].replay()
+        assert bucket.out is not None
+        out_hidden, out_residual = bucket.out
+        return out_hidden[:tokens], out_residual[:tokens]
+
+    def _capture_all(self, like: torch.Tensor) -> None:
+        from vllm.utils.torch_utils import weak_ref_tensor
+
+        largest = self.max_tokens
+        # Zeroed, so padding rows start finite; later they hold earlier steps' (finite) values.
+        self._embeds = torch.zeros(largest, self.hidden_size, dtype=like.dtype, device=like.device)
+        self._positions = torch.zeros(largest, dtype=torch.long, device=like.device)
+        self._attn = torch.zeros(largest, self.attn_width, dtype=like.dtype, device=like.device)
+        pool = torch.cuda.graph_pool_handle()
+        # One eager pass first: lazy initialisation (cuBLAS handles, autotuning) must not happen
+        # inside a capture.
+        self._warm_up(largest)
+        for size in reversed(self.buckets):
+            bucket = _Bucket()
+            embeds, positions, attn = self._embeds[:size], self._positions[:size], self._attn[:size]
+            held: tuple[torch.Tensor, ...] = ()
+            residual: torch.Tensor | None = None
+            for index in range(len(self.layers) + 1):
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    if index == 0:
+                        outputs = self.layers[0].attention_inputs(embeds, None, positions)
+                    else:
+                        assert residual is not None
+                        hidden, residual_out = self.layers[index - 1].finish(attn, residual)
+                        if index < len(self.layers):
+                            outputs = self.layers[index].attention_inputs(hidden, residual_out, positions)
+                        else:
+                            outputs = (hidden, residual_out)
+                bucket.graphs.append(graph)
+                # The previous piece's outputs were read by this capture; drop them now.
+                held = outputs
+                weak = tuple(weak_ref_tensor(t) for t in held)
+                if index < len(self.layers):
+                    q, k, v, residual = weak
+                    bucket.qkv.append((q, k, v))
+                else:
+                    bucket.out = (weak[0], weak[1])
+            del held
+            self._captured[size] = bucket
+        torch.cuda.synchronize()
+        pieces = len(self.buckets) * (len(self.layers) + 1)
+        logger.info("captured %d pooler graphs: %d token buckets up to %d", pieces, len(self.buckets), largest)
+
+    def _warm_up(self, size: int) -> None:
+        assert self._embeds is not None and self._positions is not None and self._attn is not None
+        residual: torch.Tensor | None = None
+        hidden = self._embeds[:size]
+        for layer in self.layers:
+            _, _, _, residual = layer.attention_inputs(hidden, residual, self._positions[:size])
+            hidden, residual = layer.finish(self._attn[:size], residual)
+        torch.cuda.synchronize()
