@@ -35,6 +35,12 @@ class Level:
     p99_ms: float
     errors: int
     tokens_per_item: float
+    # Busy cores of the server's processes over the level (CPU seconds / wall seconds), by
+    # process name: a process near 1.0 is a single-threaded wall.
+    server_cores: dict[str, float] = field(default_factory=dict)
+    # Mean time per call in each stage the server reports on /metrics (ours: parse, preprocess,
+    # engine, postprocess; vLLM's per engine request: queue, prefill), and engine steps per call.
+    server_stages_ms: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -107,6 +113,68 @@ def grpc_serving(channel: Any) -> Callable[[], Awaitable[bool]]:
     return serving
 
 
+def cpu_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds used so far by a process and its descendants, summed by process name."""
+    import psutil
+
+    totals: dict[str, float] = {}
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return totals
+    for process in processes:
+        try:
+            times = process.cpu_times()
+            name = "main" if process.pid == pid else process.name()
+        except psutil.NoSuchProcess:
+            continue
+        totals[name] = totals.get(name, 0.0) + times.user + times.system
+    return totals
+
+
+# /metrics series read around a level: (sum series, count series) by the name it is reported as.
+_STAGE_SERIES = {
+    **{stage: ("scoring_stage_duration_seconds_sum", "scoring_stage_duration_seconds_count", stage)
+       for stage in ("parse", "preprocess", "engine", "postprocess")},
+    "vllm_queue": ("vllm:request_queue_time_seconds_sum", "vllm:request_queue_time_seconds_count", None),
+    "vllm_prefill": ("vllm:request_prefill_time_seconds_sum", "vllm:request_prefill_time_seconds_count", None),
+}
+
+
+def scrape(url: str) -> dict[tuple[str, str | None], float]:
+    """(sample name, stage label) -> value, summed over other labels; empty if unreachable."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return {}
+    values: dict[tuple[str, str | None], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = (sample.name, sample.labels.get("stage"))
+            values[key] = values.get(key, 0.0) + sample.value
+    return values
+
+
+def stage_means(before: dict[tuple[str, str | None], float], after: dict[tuple[str, str | None], float],
+                calls: int) -> dict[str, float]:
+    delta = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    means: dict[str, float] = {}
+    for name, (total, count, stage) in _STAGE_SERIES.items():
+        n = delta.get((count, stage), 0.0)
+        if n > 0:
+            means[name] = round(delta.get((total, stage), 0.0) / n * 1e3, 2)
+    steps = delta.get(("vllm:iteration_tokens_total_count", None), 0.0)
+    if steps and calls:
+        means["engine_steps_per_call"] = round(steps / calls, 2)
+    return means
+
+
 async def closed_loop(
     send: Callable[[Any], Awaitable[int]],
     payloads: Sequence[Any],
@@ -114,6 +182,8 @@ async def closed_loop(
     concurrency: int,
     seconds: float,
     system: str,
+    server_pid: int | None = None,
+    metrics_url: str | None = None,
 ) -> Level:
     """`send(payload)` returns the tokens the server reports for the request (equal work)."""
     latencies: list[float] = []
@@ -135,9 +205,14 @@ async def closed_loop(
                 if errors <= 3:
                     log(f"{system} c={concurrency}: error {type(exc).__name__}: {str(exc)[:200]}")
 
+    cpu_before = cpu_seconds(server_pid) if server_pid else {}
+    metrics_before = scrape(metrics_url) if metrics_url else {}
     began = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     elapsed = time.perf_counter() - began
+    cpu_after = cpu_seconds(server_pid) if server_pid else {}
+    stages = stage_means(metrics_before, scrape(metrics_url), len(latencies)) if metrics_url else {}
+    cores = {k: round((v - cpu_before.get(k, 0.0)) / elapsed, 2) for k, v in cpu_after.items()}
     ordered = sorted(latencies) or [float("nan")]
 
     def pct(p: float) -> float:
@@ -146,9 +221,10 @@ async def closed_loop(
     n = items_per_request
     level = Level(system, n, concurrency, len(latencies), len(latencies) * n, elapsed,
                   len(latencies) * n / elapsed, pct(0.5), pct(0.95), pct(0.99), errors,
-                  sum(tokens) / max(1, len(tokens) * n))
+                  sum(tokens) / max(1, len(tokens) * n), cores, stages)
     log(f"{system} items={n} c={concurrency}: {level.items_per_s:,.0f} items/s, p50 {level.p50_ms:.1f} ms, "
-        f"p95 {level.p95_ms:.1f} ms, errors {errors}")
+        f"p95 {level.p95_ms:.1f} ms, errors {errors}" + (f", server cores {cores}" if cores else "")
+        + (f", stages ms {stages}" if stages else ""))
     return level
 
 
@@ -165,6 +241,27 @@ def conditions() -> dict[str, Any]:
 
 def ratio(value: float, baseline: float | None) -> str:
     return f"{value / baseline:.2f}x" if baseline else "-"
+
+
+def stage_table(levels: Sequence[Level]) -> list[str]:
+    """Markdown lines: the server-reported mean stage times of each level that has them."""
+    rows = [l for l in levels if l.server_stages_ms]
+    if not rows:
+        return []
+    names = list(dict.fromkeys(k for l in rows for k in l.server_stages_ms))
+    lines = ["", "Server-reported means per call (ms; vllm_* per engine request; steps per call):", "",
+             "| system | items/request | concurrency | " + " | ".join(names) + " |",
+             "|---|---|---|" + "---|" * len(names)]
+    for l in rows:
+        cells = " | ".join(str(l.server_stages_ms.get(n, "-")) for n in names)
+        lines.append(f"| {l.system} | {l.items_per_request} | {l.concurrency} | {cells} |")
+    return lines
+
+
+def busy_cores(cores: dict[str, float]) -> str:
+    """The busiest server processes of a level, e.g. `main 0.97, VLLM::EngineCore 1.00`."""
+    busiest = sorted(cores.items(), key=lambda kv: -kv[1])[:3]
+    return ", ".join(f"{name} {value:.2f}" for name, value in busiest) or "-"
 
 
 def offline_rate(forward: Callable[[Sequence[Any]], None], items: Sequence[Any], batch: int) -> float:

@@ -25,10 +25,12 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from harness import (
     Level,
+    busy_cores,
+    stage_table,
     Report,
     closed_loop,
     conditions,
@@ -127,33 +129,41 @@ def tokens_per_pair(model: Path, requests: list[tuple[str, list[str]]]) -> float
     return statistics.mean(counts)
 
 
-async def drive(system: str, send, requests, scenario: Scenario, docs_sweep: list[int]) -> list[Level]:  # type: ignore[no-untyped-def]
+async def drive(system: str, send, requests, scenario: Scenario, docs_sweep: list[int], server_pid: int,  # type: ignore[no-untyped-def]
+                metrics_url: str | None = None) -> list[Level]:
     """The scenario's concurrency levels at its document count, then c=1 at each sweep count
     (fixed per-request cost against per-pair cost)."""
     log(f"{system}: warm-up")
     docs = scenario.docs_per_request
     await closed_loop(send, requests, docs, max(scenario.concurrency), min(5.0, scenario.seconds_per_level), system + "-warmup")
     levels = [
-        await closed_loop(send, requests, docs, c, scenario.seconds_per_level, system)
+        await closed_loop(send, requests, docs, c, scenario.seconds_per_level, system, server_pid, metrics_url)
         for c in scenario.concurrency
     ]
     for fewer_docs in docs_sweep:
         fewer = [(q, d[:fewer_docs]) for q, d in requests]
-        levels.append(await closed_loop(send, fewer, fewer_docs, 1, scenario.seconds_per_level / 2, system))
+        levels.append(await closed_loop(send, fewer, fewer_docs, 1, scenario.seconds_per_level / 2, system, server_pid,
+                                         metrics_url))
     return levels
 
 
+class RunningServer(NamedTuple):
+    stub: Any
+    pid: int
+    metrics_url: str
+
+
 @asynccontextmanager
-async def grpc_reranker(model: Path, scenario: Scenario, work: Path) -> AsyncIterator[Any]:
-    """Our server on the scenario's model, as configured for the benchmark; yields a stub."""
+async def grpc_reranker(model: Path, scenario: Scenario, work: Path) -> AsyncIterator[RunningServer]:
+    """Our server on the scenario's model, as configured for the benchmark."""
     import grpc
     import yaml
 
     from scoring.v1 import rerank_pb2_grpc
 
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     config = work / "grpc-server.yaml"
-    config.write_text(yaml.safe_dump({"port": port, "host": "127.0.0.1", "models": [{
+    config.write_text(yaml.safe_dump({"port": port, "host": "127.0.0.1", "metrics_port": metrics_port, "models": [{
         "name": "reranker", "path": str(model), "dtype": scenario.dtype,
         "rerank_mode": "cross_encoder", "max_model_len": 512,
         "gpu_memory_utilization": scenario.gpu_memory_utilization,
@@ -166,7 +176,8 @@ async def grpc_reranker(model: Path, scenario: Scenario, work: Path) -> AsyncIte
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             await wait_ready(grpc_serving(channel), server, work / "grpc-server.log", "our server")
-            yield rerank_pb2_grpc.RerankServiceStub(channel)
+            yield RunningServer(rerank_pb2_grpc.RerankServiceStub(channel), server.pid,
+                                f"http://127.0.0.1:{metrics_port}/metrics")
     finally:
         stop(server)
 
@@ -189,7 +200,8 @@ async def raw_scores(stub: Any, calls: list[tuple[str, list[str]]]) -> list[list
 async def bench_grpc(model: Path, scenario: Scenario, requests, work: Path, docs_sweep: list[int], label: str) -> list[Level]:  # type: ignore[no-untyped-def]
     from scoring.v1 import rerank_pb2
 
-    async with grpc_reranker(model, scenario, work) as stub:
+    async with grpc_reranker(model, scenario, work) as server:
+        stub = server.stub
 
         async def send(payload: tuple[str, list[str]]) -> int:
             query, documents = payload
@@ -200,7 +212,7 @@ async def bench_grpc(model: Path, scenario: Scenario, requests, work: Path, docs
             assert len(response.results) == len(documents)
             return response.usage.prompt_tokens
 
-        return await drive(label, send, requests, scenario, docs_sweep)
+        return await drive(label, send, requests, scenario, docs_sweep, server.pid, server.metrics_url)
 
 
 async def bench_vllm_serve(model: Path, scenario: Scenario, requests, work: Path, docs_sweep: list[int]) -> list[Level]:  # type: ignore[no-untyped-def]
@@ -236,7 +248,8 @@ async def bench_vllm_serve(model: Path, scenario: Scenario, requests, work: Path
                     assert len(payload["results"]) == len(documents)
                     return int(payload.get("usage", {}).get("total_tokens", 0))
 
-            return await drive("vllm serve /rerank", send, requests, scenario, docs_sweep)
+            return await drive("vllm serve /rerank", send, requests, scenario, docs_sweep, server.pid,
+                               base + "/metrics")
     finally:
         stop(server)
 
@@ -264,18 +277,19 @@ def table(report: Report) -> str:
         f"Rerank, {report.scenario['name']}, {report.scenario['dtype']}, "
         f"{report.tokens_per_item:.0f} tokens/pair, closed loop, {report.conditions['device']}",
         "",
-        "| system | docs/request | concurrency | pairs/s | p50 ms | p95 ms | p99 ms | errors | tokens/pair served | vs vllm serve | vs HF best |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| system | docs/request | concurrency | pairs/s | p50 ms | p95 ms | p99 ms | errors | tokens/pair served | vs vllm serve | vs HF best | server busy cores |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for l in report.levels:
         lines.append(
             f"| {l.system} | {l.items_per_request} | {l.concurrency} | {l.items_per_s:,.0f} | {l.p50_ms:.1f} | "
             f"{l.p95_ms:.1f} | {l.p99_ms:.1f} | {l.errors} | {l.tokens_per_item:.0f} | "
-            f"{ratio(l.items_per_s, serve.get((l.items_per_request, l.concurrency)))} | {ratio(l.items_per_s, report.hf_items_per_s)} |"
+            f"{ratio(l.items_per_s, serve.get((l.items_per_request, l.concurrency)))} | {ratio(l.items_per_s, report.hf_items_per_s)} | "
+            f"{busy_cores(l.server_cores)} |"
         )
     if report.hf_items_per_s:
-        lines.append(f"| HF transformers (offline, best batch) | - | - | {report.hf_items_per_s:,.0f} | - | - | - | 0 | - | - | 1.00x |")
-    return "\n".join(lines)
+        lines.append(f"| HF transformers (offline, best batch) | - | - | {report.hf_items_per_s:,.0f} | - | - | - | 0 | - | - | 1.00x | - |")
+    return "\n".join(lines + stage_table(report.levels))
 
 
 async def main_async(args: argparse.Namespace) -> Report:

@@ -20,8 +20,8 @@ from rerank import CPU_SMOKE, GPU, build_model, grpc_reranker, make_requests, ra
 
 
 async def served_scores(model: Path, work: Path, scenario: Any, calls: list[tuple[str, list[str]]]) -> list[list[float]]:
-    async with grpc_reranker(model, scenario, work) as stub:
-        return await raw_scores(stub, calls)
+    async with grpc_reranker(model, scenario, work) as server:
+        return await raw_scores(server.stub, calls)
 
 
 def orderings_match(a: list[float], b: list[float]) -> bool:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -277,6 +279,43 @@ def test_no_request_state_is_left_behind(packed: PackedEngine) -> None:
     processor.discard("probe")
     packed.run(request)
     assert processor.pending_states == 0
+
+
+def test_planning_cancelled_mid_thread_leaves_no_state(packed: PackedEngine) -> None:
+    """plan_async tokenizes in a worker thread. A call cancelled (deadline, client gone) while
+    that thread runs gets its state discarded by the server at once, before the thread stores
+    it; the thread's late state must be dropped too, not left to the sweep."""
+    processor = packed.processor
+    request = processor.parse_data(
+        RerankInput(query=QUERY, documents=[RerankDocumentInput(text=d) for d in SHORT_DOCS])
+    )
+    planning = threading.Event()
+    original = processor.plan
+
+    def slow_plan(parsed: RerankInput, request_id: str) -> list[EngineRequest]:
+        planning.set()
+        time.sleep(0.3)
+        return original(parsed, request_id)
+
+    async def cancelled_call() -> None:
+        task = asyncio.ensure_future(processor.plan_async(request, "cancelled"))
+        await asyncio.get_running_loop().run_in_executor(None, planning.wait)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        processor.discard("cancelled")  # what the server's finally does
+        await asyncio.sleep(0.6)
+
+    processor.plan = slow_plan  # type: ignore[method-assign]
+    try:
+        packed.loop.run_until_complete(cancelled_call())
+    finally:
+        del processor.plan
+    assert processor.pending_states == 0
+    # And an uncancelled call still returns the thread's engine requests.
+    requests = packed.loop.run_until_complete(processor.plan_async(request, "whole"))
+    assert len(requests) == 1 and processor.pending_states == 1
+    processor.discard("whole")
 
 
 def test_per_pair_limit_is_the_checkpoints_capped_by_pack_tokens(packed: PackedEngine) -> None:

@@ -118,3 +118,52 @@ def test_settings_inferred_from_architecture() -> None:
         scoring_rerank_overrides={"max_documents": 64},
     )
     assert merged.template is PromptTemplate.TOKENIZER_PAIR and merged.max_documents == 64
+
+
+TEXTS = ["What is the capital of France?", " Paris, 2 000 000 people!", "naïve café — 東京", "", "a " * 300]
+
+
+def test_encode_texts_gives_the_wrappers_ids(bert_tokenizer, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The backend fast path must give exactly the ids of the Hugging Face call, for a WordPiece
+    and a byte-level BPE tokenizer, empty and long texts included."""
+    from scoring_plugin.tokenization import encode_texts
+    from scoring_server.demo import build_qwen3_tokenizer
+
+    for tokenizer in (bert_tokenizer, build_qwen3_tokenizer(tmp_path)):
+        expected = [list(ids) for ids in tokenizer(TEXTS, add_special_tokens=False)["input_ids"]]
+        assert encode_texts(tokenizer, TEXTS) == expected
+
+
+def test_read_only_clears_a_configured_truncation(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A tokenizer.json may set truncation or padding; ours budget tokens themselves, and the
+    fast path must never truncate behind their back."""
+    from scoring_plugin.tokenization import encode_texts, read_only
+
+    expected = encode_texts(AutoTokenizer.from_pretrained(minilm_path()), TEXTS[:2])
+    assert min(len(ids) for ids in expected) > 4
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+    backend = tokenizer.backend_tokenizer
+    backend.enable_truncation(4)
+    backend.enable_padding(length=16)
+    # Not cleared: the fast path steps aside for the wrapper, which asks for no truncation.
+    assert encode_texts(tokenizer, TEXTS[:2]) == expected
+    backend.enable_truncation(4)
+    backend.enable_padding(length=16)
+    read_only(tokenizer)
+    assert backend.truncation is None and backend.padding is None
+    assert encode_texts(tokenizer, TEXTS[:2]) == expected
+
+
+def test_planning_threads_share_one_tokenizer(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The server plans in worker threads: 8 threads encoding at once through one tokenizer get
+    the ids one thread gets, with no 'Already borrowed'."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from scoring_plugin.tokenization import encode_texts, read_only
+    from scoring_server.demo import build_qwen3_tokenizer
+
+    tokenizer = read_only(build_qwen3_tokenizer(tmp_path))
+    batches = [[f"{t} {i}" for t in TEXTS] for i in range(64)]
+    expected = [encode_texts(tokenizer, b) for b in batches]
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(lambda b: encode_texts(tokenizer, b), batches)) == expected

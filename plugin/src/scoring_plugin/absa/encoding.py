@@ -13,6 +13,7 @@ from typing import Any
 from scoring_plugin.absa.types import FlatPair
 from scoring_plugin.errors import FieldViolation, InvalidInputError
 from scoring_plugin.rerank.types import TruncationOptions, TruncationSide
+from scoring_plugin.tokenization import read_only
 
 _REVIEW = 1  # the tokenizer's sequence id of the second text of a pair
 
@@ -30,7 +31,7 @@ class PairEncoder:
     def __init__(self, tokenizer: Any, max_model_len: int) -> None:
         if not getattr(tokenizer, "is_fast", False):
             raise ValueError("ABSA needs a fast (Rust) tokenizer: spans need character offsets")
-        self._tokenizer = tokenizer
+        self._tokenizer = read_only(tokenizer)
         self._max_model_len = max_model_len
         self._sep = tokenizer.sep_token_id
 

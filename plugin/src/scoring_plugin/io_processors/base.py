@@ -3,6 +3,7 @@ request state kept from planning to post-processing in a cache that is always em
 
 from __future__ import annotations
 
+import asyncio
 from abc import abstractmethod
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -51,8 +52,18 @@ class ScoringIOProcessor(IOProcessor[In, Out], Generic[In, Out, State]):
         """Checks that need no tokenizer; token limits are checked while planning."""
 
     async def plan_async(self, request: In, request_id: str) -> list[EngineRequest]:
-        """What the server awaits; processors whose planning does I/O override it."""
-        return self.plan(request, request_id)  # type: ignore[attr-defined]
+        """What the server awaits: planning in a worker thread, so that calls tokenize in
+        parallel (the Rust tokenizer releases the GIL) while the event loop keeps serving; on
+        the H200 the tokenizer on the event loop capped a server at one core. Processors whose
+        planning does I/O override it."""
+        planned = asyncio.get_running_loop().run_in_executor(None, self.plan, request, request_id)  # type: ignore[attr-defined]
+        try:
+            return await asyncio.shield(planned)
+        except asyncio.CancelledError:
+            # The thread runs on and stores the request's state after the caller has discarded
+            # it: discard once more when it is done.
+            planned.add_done_callback(lambda _: self.discard(request_id))
+            raise
 
     @abstractmethod
     def _pooling_params(self) -> PoolingParams:

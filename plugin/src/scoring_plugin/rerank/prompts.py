@@ -14,6 +14,7 @@ from typing import Any
 from scoring_plugin.errors import FieldViolation, InvalidInputError
 from scoring_plugin.rerank.settings import PromptTemplate, RerankMode, RerankSettings
 from scoring_plugin.rerank.types import RerankDocumentInput, RerankInput, TruncationSide
+from scoring_plugin.tokenization import encode_texts, read_only
 
 QWEN3_SYSTEM_PREFIX = (
     "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
@@ -110,7 +111,7 @@ class PromptBuilder:
         max_model_len: int,
         model_vocab_size: int | None = None,
     ) -> None:
-        self._tokenizer = tokenizer
+        self._tokenizer = read_only(tokenizer)
         self._settings = settings
         self._max_model_len = max_model_len
         self._layout = SpecialTokenLayout.learn(tokenizer)
@@ -155,13 +156,13 @@ class PromptBuilder:
         doc_prefix = " " if self._settings.template is PromptTemplate.QWEN3_RERANKER else ""
         texts = [self._query_text(request.query)]
         texts += [doc_prefix + d.text for d in request.documents if d.text is not None]
-        encoded = iter(self._tokenizer(texts, add_special_tokens=False)["input_ids"])
-        query_ids = list(next(encoded))
+        encoded = iter(encode_texts(self._tokenizer, texts))
+        query_ids = next(encoded)
         document_ids: list[list[int]] = []
         violations: list[FieldViolation] = []
         for i, doc in enumerate(request.documents):
             if doc.text is not None:
-                document_ids.append(list(next(encoded)))
+                document_ids.append(next(encoded))
                 continue
             ids = list(doc.token_ids or [])
             bad = next((j for j, t in enumerate(ids) if not 0 <= t < self._vocab_size), None)
