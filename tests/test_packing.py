@@ -353,3 +353,19 @@ def test_config_advertises_the_checkpoints_positions(demo_models: dict[str, Mode
     assert overrides[OVERRIDES_KEY]["max_pair_tokens"] == 512
     explicit = settings.model_copy(update={"max_model_len": 128})
     assert explicit.effective_hf_overrides()[OVERRIDES_KEY]["max_pair_tokens"] == 128
+
+
+@pytest.mark.parametrize("max_tokens", [8, 100, 1000, 16384, 20000])
+def test_graph_buckets_cover_every_step_with_bounded_padding(max_tokens: int) -> None:
+    """Every step size up to the engine's token limit has a captured bucket; padding is at most
+    a quarter of the step below 1024 tokens and an eighth above (from 64 tokens on: below, the
+    multiple-of-8 rounding dominates, and those steps are launch-bound anyway)."""
+    from scoring_plugin.models.layer_graphs import token_buckets
+
+    buckets = token_buckets(max_tokens)
+    assert buckets == sorted(set(buckets)) and buckets[-1] == max_tokens
+    assert all(b % 8 == 0 for b in buckets[:-1])
+    for tokens in range(1, max_tokens + 1):
+        size = next(b for b in buckets if b >= tokens)
+        if tokens > 64:
+            assert size - tokens <= tokens / (8 if tokens > 1024 else 4), (tokens, size)

@@ -55,12 +55,14 @@ def run_eager(
 
 
 def token_buckets(max_tokens: int, smallest: int = 16) -> list[int]:
-    """Four sizes per doubling (padding stays under a fifth of a step), multiples of 8, up to
-    and including ``max_tokens``."""
+    """Four sizes per doubling below 1024 tokens, eight from there on (where a step's GPU time
+    grows with its padding: at most an eighth), multiples of 8, up to and including
+    ``max_tokens``."""
     sizes: set[int] = set()
     octave = smallest
     while octave < max_tokens:
-        sizes.update(octave * quarters // 4 // 8 * 8 for quarters in (4, 5, 6, 7))
+        steps = 8 if octave >= 1024 else 4
+        sizes.update(octave * (steps + i) // steps // 8 * 8 for i in range(steps))
         octave *= 2
     return sorted(s for s in sizes if 0 < s < max_tokens) + [max_tokens]
 
