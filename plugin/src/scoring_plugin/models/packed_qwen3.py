@@ -20,6 +20,7 @@ one step: the server turns chunked prefill and prefix caching off for it.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Iterable, Set
 
 import torch
@@ -31,7 +32,7 @@ from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import QKVParallelLinear, ReplicatedLinear, RowParallelLinear
 from vllm.model_executor.layers.pooler import Pooler
-from vllm.model_executor.layers.rotary_embedding import get_rope
+from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.models.interfaces import IsAttentionFree
 from vllm.model_executor.models.interfaces_base import attn_type
@@ -50,6 +51,7 @@ from scoring_plugin.rerank.packing import AttentionPlan, layout_of
 from scoring_plugin.rerank.settings import RerankSettings
 
 PACKED_TASK: PoolingTask = "plugin"
+logger = logging.getLogger(__name__)
 
 
 class DevicePlan:
@@ -138,14 +140,72 @@ class PackedQwen3Attention(nn.Module):
         self.q_norm = RMSNorm(head_dim, eps=config.rms_norm_eps)
         self.k_norm = RMSNorm(head_dim, eps=config.rms_norm_eps)
         self.attn = PairAttention(heads, kv_heads, head_dim)
+        # The rotary cache in the activations' dtype, once the fused kernel is in use.
+        self._cos_sin: torch.Tensor | None = None
 
     def qkv(self, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         qkv, _ = self.qkv_proj(hidden)
+        if self._cos_sin is None:
+            return self._norm_rope(qkv, positions)
+        self._norm_rope_fused(qkv, positions)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        return q, k, v
+
+    @property
+    def fused_norm_rope(self) -> bool:
+        return self._cos_sin is not None
+
+    def _norm_rope(
+        self, qkv: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = self.q_norm(q.view(*q.shape[:-1], -1, self.head_dim)).view(q.shape)
         k = self.k_norm(k.view(*k.shape[:-1], -1, self.head_dim)).view(k.shape)
         q, k = self.rotary_emb(positions, q, k)
         return q, k, v
+
+    def _norm_rope_fused(self, qkv: torch.Tensor, positions: torch.Tensor) -> None:
+        assert self._cos_sin is not None
+        heads, kv_heads = self.q_size // self.head_dim, self.kv_size // self.head_dim
+        torch.ops._C.fused_qk_norm_rope(
+            qkv, heads, kv_heads, kv_heads, self.head_dim, self.q_norm.variance_epsilon,
+            self.q_norm.weight, self.k_norm.weight, self._cos_sin, self.rotary_emb.is_neox_style, positions,
+        )
+
+    def use_fused_norm_rope(self) -> float | None:
+        """Switches to vLLM's fused Q/K RMSNorm + rotary kernel where it applies (CUDA, fp16/bf16,
+        plain rotary over whole heads). The unfused path reads and writes q and k five times: on
+        the H200 at 16k tokens 0.48 ms per layer against 0.09 ms fused, a quarter of a step.
+        Only after it reproduced the unfused path on a probe with this layer's weights, so a
+        kernel or wiring mismatch falls back instead of scoring wrong. Returns the probe's
+        relative difference, None where the kernel does not apply."""
+        weight = self.q_norm.weight
+        if not (
+            weight.is_cuda
+            and weight.dtype in (torch.float16, torch.bfloat16)
+            and self.head_dim in (64, 128, 256)
+            and type(self.rotary_emb) is RotaryEmbedding
+            and self.rotary_emb.rotary_dim == self.head_dim
+            and hasattr(torch.ops._C, "fused_qk_norm_rope")
+        ):
+            return None
+        generator = torch.Generator(device=weight.device).manual_seed(0)
+        probe = torch.randn(
+            64, self.q_size + 2 * self.kv_size, device=weight.device, dtype=weight.dtype, generator=generator
+        )
+        positions = torch.randint(
+            0, self.rotary_emb.max_position_embeddings, (64,), device=weight.device, generator=generator
+        )
+        q, k, _ = self._norm_rope(probe.clone(), positions)
+        expected = torch.cat([q, k], dim=-1).float()
+        self._cos_sin = self.rotary_emb.cos_sin_cache.to(weight.dtype)
+        fused = probe.clone()
+        self._norm_rope_fused(fused, positions)
+        difference = float((fused[:, : self.q_size + self.kv_size].float() - expected).abs().max())
+        relative = difference / max(float(expected.abs().max()), 1e-6)
+        if relative > 0.02:  # a few bf16 roundings pass, a wrong wiring is off by the values' size
+            self._cos_sin = None
+        return relative
 
 
 class PackedQwen3Layer(nn.Module):
@@ -195,6 +255,7 @@ class PackedPairScorer(Pooler):
             if graph_tokens is None
             else LayerGraphs(list(self.layers), config.hidden_size, self.attn_width, graph_tokens)
         )
+        self._kernels_chosen = False
 
     def get_supported_tasks(self) -> Set[PoolingTask]:
         return {PACKED_TASK}
@@ -206,6 +267,8 @@ class PackedPairScorer(Pooler):
         counts = cursor.num_scheduled_tokens_cpu.tolist()
         layouts = [layout_of(p.extra_kwargs, n) for p, n in zip(pooling_metadata.pooling_params, counts)]
         plan = DevicePlan(AttentionPlan.build(layouts), hidden_states.device)
+        if not self._kernels_chosen:
+            self._choose_kernels()
         if self.graphs is not None and hidden_states.shape[0] <= self.graphs.max_tokens:
             hidden, residual = self.graphs.run(hidden_states, plan.positions, plan)
         else:
@@ -214,6 +277,21 @@ class PackedPairScorer(Pooler):
         last, _ = self.norm(hidden.index_select(0, rows), residual.index_select(0, rows))
         scores, _ = self.score(last)
         return list(scores.float().squeeze(-1).split(plan.plan.segments))
+
+
+    def _choose_kernels(self) -> None:
+        """Once, at the first step (vLLM's profiling run: weights loaded, before any capture)."""
+        differences = [layer.self_attn.use_fused_norm_rope() for layer in self.layers]
+        probed = [d for d in differences if d is not None]
+        fused = sum(layer.self_attn.fused_norm_rope for layer in self.layers)
+        if probed and fused < len(probed):
+            logger.warning(
+                "fused Q/K norm + rotary differs from the unfused path (worst relative difference "
+                "%.3g): %d of %d layers stay unfused", max(probed), len(probed) - fused, len(probed),
+            )
+        elif probed:
+            logger.info("fused Q/K norm + rotary in %d layers (probe difference <= %.2g)", fused, max(probed))
+        self._kernels_chosen = True
 
 
 _MAPPER = WeightsMapper(
