@@ -355,6 +355,19 @@ def test_config_advertises_the_checkpoints_positions(demo_models: dict[str, Mode
     assert explicit.effective_hf_overrides()[OVERRIDES_KEY]["max_pair_tokens"] == 128
 
 
+def test_pack_graphs_reaches_the_model_settings(demo_models: dict[str, ModelSettings]) -> None:
+    """`pack_graphs` (default on) travels to the plugin's settings, which the packed model reads
+    to decide on CUDA graphs for its layers."""
+    from scoring_plugin.rerank.settings import RerankSettings
+
+    path = demo_models["qwen3-seq-cls"].path
+    on = ModelSettings(name="q", path=path, dtype="float32", pack_pairs=True)
+    off = on.model_copy(update={"pack_graphs": False})
+    for settings, expected in ((on, True), (off, False)):
+        config = {**settings._checkpoint_config(), **settings.effective_hf_overrides()}
+        assert RerankSettings.from_hf_config(config).pooler_graphs is expected
+
+
 @pytest.mark.parametrize("max_tokens", [8, 100, 1000, 16384, 20000])
 def test_graph_buckets_cover_every_step_with_bounded_padding(max_tokens: int) -> None:
     """Every step size up to the engine's token limit has a captured bucket; padding is at most
