@@ -28,8 +28,32 @@ def test_rerank_bench_cpu_smoke(tmp_path: Path) -> None:
         assert level["errors"] == 0 and level["requests"] > 0
         # both servers did the same work: within 5% of the tokens per pair
         assert abs(level["tokens_per_item"] - report["tokens_per_item"]) < 0.05 * report["tokens_per_item"]
+        # the servers' own view of each level: busy cores, and for ours its stage means
+        assert level["server_cores"].get("main", 0) > 0
+    ours = [level for level in report["levels"] if level["system"] == "grpc (ours)"]
+    assert all({"preprocess", "engine", "vllm_prefill"} <= set(level["server_stages_ms"]) for level in ours)
+    assert all(level["server_stages_ms"]["engine_steps_per_call"] > 0 for level in ours)
+    assert "Server-reported means per call" in done.stdout
     assert (out / report_file.name.replace(".json", ".md")).exists()
     assert (out / report_file.name.replace(".json", ".png")).stat().st_size > 10_000
+
+
+def test_packed_step_profile_cpu_smoke(tmp_path: Path) -> None:
+    """The in-process step profiler loads the packed model as the server does and times the
+    pooler's layers at the step sizes that fit the smoke engine (eager on the CPU)."""
+    out = tmp_path / "results"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "packed_step.py"), "--cpu-smoke", "--repeats", "2",
+         "--out", str(out), "--work", str(tmp_path / "work")],
+        capture_output=True, text=True, timeout=1200, env=tool_env(), cwd=REPO / "bench",
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    report = json.loads((out / "packed-step-qwen3-tiny-float32.json").read_text())
+    assert [step["tokens"] for step in report["steps"]] == [145, 2048]
+    assert [step["pairs"] for step in report["steps"]] == [1, 16]
+    assert all(step["eager_ms"] > 0 for step in report["steps"])
+    assert report["graphs"] is False and report["fused_norm_rope_layers"] == 0  # CPU
+    assert "aten::" in report["largest_step_kernels"]
 
 
 def test_absa_bench_cpu_smoke(tmp_path: Path) -> None:

@@ -172,14 +172,16 @@ def engine_args(settings: ModelSettings) -> AsyncEngineArgs:
     )
 
 
-def _environment(settings: ModelSettings) -> dict[str, str]:
+def environment(settings: ModelSettings) -> dict[str, str]:
+    """The environment variables an engine for these settings needs (vLLM reads them in the
+    engine's own processes)."""
     return _PACKED_ENVIRONMENT if settings.pack_pairs else _KIND_ENVIRONMENT.get(settings.kind, {})
 
 
 def _start(model: ServedModel) -> None:
     # The server context picks the engine defaults `vllm serve` gets (on an H200: 8192 batched
     # tokens per step, not the library's 2048, which split a 20-document request over two steps).
-    with _engine_environment(_environment(model.settings)):
+    with _engine_environment(environment(model.settings)):
         engine = AsyncLLM.from_engine_args(
             engine_args(model.settings), usage_context=UsageContext.OPENAI_API_SERVER
         )

@@ -155,6 +155,13 @@ class PackedQwen3Attention(nn.Module):
     def fused_norm_rope(self) -> bool:
         return self._cos_sin is not None
 
+    def swap_norm_rope_cache(self, cos_sin: torch.Tensor | None) -> torch.Tensor | None:
+        """Sets the fused path's rotary cache (None: the unfused ops) and returns the previous
+        one: the two paths timed against each other (bench/packed_step.py). Captured graphs
+        keep the path they were captured with."""
+        previous, self._cos_sin = self._cos_sin, cos_sin
+        return previous
+
     def _norm_rope(
         self, qkv: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
