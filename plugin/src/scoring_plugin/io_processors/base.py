@@ -52,10 +52,10 @@ class ScoringIOProcessor(IOProcessor[In, Out], Generic[In, Out, State]):
         """Checks that need no tokenizer; token limits are checked while planning."""
 
     async def plan_async(self, request: In, request_id: str) -> list[EngineRequest]:
-        """What the server awaits: planning in a worker thread, so that calls tokenize in
-        parallel (the Rust tokenizer releases the GIL) while the event loop keeps serving; on
-        the H200 the tokenizer on the event loop capped a server at one core. Processors whose
-        planning does I/O override it."""
+        """What the server awaits: planning in a worker thread. The event loop is one core for
+        every call's gRPC and output handling; the Rust tokenizer releases the GIL, so in a
+        thread calls tokenize beside it and beside each other. Processors whose planning does
+        I/O override it."""
         planned = asyncio.get_running_loop().run_in_executor(None, self.plan, request, request_id)  # type: ignore[attr-defined]
         try:
             return await asyncio.shield(planned)

@@ -147,7 +147,8 @@ class LayerGraphs(Generic[PlanT]):
                         else:
                             outputs = (hidden, residual_out)
                 bucket.graphs.append(graph)
-                # The previous piece's outputs were read by this capture; drop them now.
+                # `held` kept the previous piece's outputs alive through this capture, which read
+                # them; from here on later pieces may reuse their memory.
                 held = outputs
                 weak = tuple(weak_ref_tensor(t) for t in held)
                 if index < len(self.layers):
