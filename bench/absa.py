@@ -32,6 +32,7 @@ from harness import (
     free_port,
     grpc_serving,
     log,
+    mib,
     offline_rate,
     ratio,
     start,
@@ -127,11 +128,12 @@ def tokens_per_pair(model: Path, requests: list[Pairs]) -> float:
     return statistics.mean(len(tokenizer(a, r)["input_ids"]) for pairs in requests[:20] for a, r in pairs)
 
 
-async def drive(system: str, send, requests: list[Pairs], scenario: Scenario) -> list[Level]:  # type: ignore[no-untyped-def]
+async def drive(system: str, send, requests: list[Pairs], scenario: Scenario, server_pid: int) -> list[Level]:  # type: ignore[no-untyped-def]
     n = scenario.pairs_per_request
     log(f"{system}: warm-up")
     await closed_loop(send, requests, n, max(scenario.concurrency), min(5.0, scenario.seconds_per_level), system + "-warmup")
-    return [await closed_loop(send, requests, n, c, scenario.seconds_per_level, system) for c in scenario.concurrency]
+    return [await closed_loop(send, requests, n, c, scenario.seconds_per_level, system, server_pid)
+            for c in scenario.concurrency]
 
 
 async def bench_grpc(model: Path, scenario: Scenario, requests: list[Pairs], work: Path) -> list[Level]:
@@ -163,7 +165,7 @@ async def bench_grpc(model: Path, scenario: Scenario, requests: list[Pairs], wor
                 assert len(response.results) == len(pairs)
                 return response.usage.prompt_tokens
 
-            return await drive("grpc (ours)", send, requests, scenario)
+            return await drive("grpc (ours)", send, requests, scenario, server.pid)
     finally:
         stop(server)
 
@@ -192,7 +194,7 @@ async def bench_http(
                     return r.status == 200
 
             await wait_ready(healthy, server, log_path, system)
-            return await drive(system, send_factory(session, base), requests, scenario)
+            return await drive(system, send_factory(session, base), requests, scenario, server.pid)
     finally:
         stop(server)
 
@@ -255,17 +257,18 @@ def table(report: Report) -> str:
         f"ABSA, {report.scenario['name']}, {report.scenario['dtype']}, {report.tokens_per_item:.0f} tokens/pair, "
         f"{report.scenario['pairs_per_request']} pairs/request, closed loop, {report.conditions['device']}",
         "",
-        "| system | concurrency | pairs/s | p50 ms | p95 ms | p99 ms | errors | tokens/pair served | vs vllm serve + plugin | vs stock /classify | vs HF best |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| system | concurrency | pairs/s | p50 ms | p95 ms | p99 ms | errors | tokens/pair served | vs vllm serve + plugin | vs stock /classify | vs HF best | GPU MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for l in report.levels:
         lines.append(
             f"| {l.system} | {l.concurrency} | {l.items_per_s:,.0f} | {l.p50_ms:.1f} | {l.p95_ms:.1f} | {l.p99_ms:.1f} | "
             f"{l.errors} | {l.tokens_per_item:.0f} | {ratio(l.items_per_s, plugin.get(l.concurrency))} | "
-            f"{ratio(l.items_per_s, stock.get(l.concurrency))} | {ratio(l.items_per_s, report.hf_items_per_s)} |"
+            f"{ratio(l.items_per_s, stock.get(l.concurrency))} | {ratio(l.items_per_s, report.hf_items_per_s)} | "
+            f"{mib(l.gpu_memory_mib)} |"
         )
     if report.hf_items_per_s:
-        lines.append(f"| HF transformers (offline, best batch, both heads) | - | {report.hf_items_per_s:,.0f} | - | - | - | 0 | - | - | - | 1.00x |")
+        lines.append(f"| HF transformers (offline, best batch, both heads) | - | {report.hf_items_per_s:,.0f} | - | - | - | 0 | - | - | - | 1.00x | - |")
     return "\n".join(lines)
 
 

@@ -41,6 +41,8 @@ class Level:
     # Mean time per call in each stage the server reports on /metrics (ours: parse, preprocess,
     # engine, postprocess; vLLM's per engine request: queue, prefill), and engine steps per call.
     server_stages_ms: dict[str, float] = field(default_factory=dict)
+    # GPU memory the server's processes hold at the end of the level (None: no NVIDIA GPU).
+    gpu_memory_mib: int | None = None
 
 
 @dataclass
@@ -175,6 +177,33 @@ def stage_means(before: dict[tuple[str, str | None], float], after: dict[tuple[s
     return means
 
 
+def _nvidia_smi(query: str) -> list[list[str]]:
+    done = subprocess.run(["nvidia-smi", query, "--format=csv,noheader,nounits"],
+                          capture_output=True, text=True, timeout=30, check=True)
+    return [[cell.strip() for cell in line.split(",")] for line in done.stdout.splitlines() if line.strip()]
+
+
+def device_memory_mib() -> list[int]:
+    """Memory in use on each GPU."""
+    return [int(row[0]) for row in _nvidia_smi("--query-gpu=memory.used")]
+
+
+def gpu_memory_mib(pid: int) -> int | None:
+    """GPU memory held by a process and its descendants, None where there is no NVIDIA GPU.
+    Containers often hide or remap the PIDs nvidia-smi reports; then it is the whole device's
+    use, which is the server's here (the benchmarks run one server at a time). vLLM reserves
+    its KV cache up front, so this is what a server keeps from other tenants."""
+    import psutil
+
+    try:
+        apps = _nvidia_smi("--query-compute-apps=pid,used_memory")
+        tree = {pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))}
+        mine = [int(mib) for app, mib in apps if int(app) in tree]
+        return sum(mine) if mine else sum(device_memory_mib())
+    except (OSError, subprocess.SubprocessError, psutil.NoSuchProcess, ValueError):
+        return None
+
+
 async def closed_loop(
     send: Callable[[Any], Awaitable[int]],
     payloads: Sequence[Any],
@@ -213,6 +242,7 @@ async def closed_loop(
     cpu_after = cpu_seconds(server_pid) if server_pid else {}
     stages = stage_means(metrics_before, scrape(metrics_url), len(latencies)) if metrics_url else {}
     cores = {k: round((v - cpu_before.get(k, 0.0)) / elapsed, 2) for k, v in cpu_after.items()}
+    memory = gpu_memory_mib(server_pid) if server_pid else None
     ordered = sorted(latencies) or [float("nan")]
 
     def pct(p: float) -> float:
@@ -221,7 +251,7 @@ async def closed_loop(
     n = items_per_request
     level = Level(system, n, concurrency, len(latencies), len(latencies) * n, elapsed,
                   len(latencies) * n / elapsed, pct(0.5), pct(0.95), pct(0.99), errors,
-                  sum(tokens) / max(1, len(tokens) * n), cores, stages)
+                  sum(tokens) / max(1, len(tokens) * n), cores, stages, memory)
     log(f"{system} items={n} c={concurrency}: {level.items_per_s:,.0f} items/s, p50 {level.p50_ms:.1f} ms, "
         f"p95 {level.p95_ms:.1f} ms, errors {errors}" + (f", server cores {cores}" if cores else "")
         + (f", stages ms {stages}" if stages else ""))
@@ -256,6 +286,10 @@ def stage_table(levels: Sequence[Level]) -> list[str]:
         cells = " | ".join(str(l.server_stages_ms.get(n, "-")) for n in names)
         lines.append(f"| {l.system} | {l.items_per_request} | {l.concurrency} | {cells} |")
     return lines
+
+
+def mib(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
 
 
 def busy_cores(cores: dict[str, float]) -> str:

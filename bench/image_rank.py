@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import (
-    Level, Report, closed_loop, conditions, free_port, grpc_serving, log, offline_rate, ratio, start, stop,
+    Level, Report, closed_loop, conditions, free_port, grpc_serving, log, mib, offline_rate, ratio, start, stop,
     wait_ready, write_results,
 )
 
@@ -121,7 +121,7 @@ async def bench_grpc(model: Path, scenario: Scenario, images: list[bytes], reque
                 n = scenario.images_per_request
                 await closed_loop(send, requests, n, max(scenario.concurrency), min(5.0, scenario.seconds_per_level),
                                   system + "-warmup")
-                levels += [await closed_loop(send, requests, n, c, scenario.seconds_per_level, system)
+                levels += [await closed_loop(send, requests, n, c, scenario.seconds_per_level, system, server.pid)
                            for c in scenario.concurrency]
     finally:
         stop(server)
@@ -163,15 +163,15 @@ def table(report: Report) -> str:
         f"Image ranking, {s['name']}, {s['dtype']}, {s['images_per_request']} images of "
         f"{s['image_size'][0]}x{s['image_size'][1]} JPEG per request, closed loop, {report.conditions['device']}",
         "",
-        "| system | concurrency | images/s | p50 ms | p95 ms | p99 ms | errors | vs HF forward (best batch) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| system | concurrency | images/s | p50 ms | p95 ms | p99 ms | errors | vs HF forward (best batch) | GPU MiB |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for l in report.levels:
         lines.append(f"| {l.system} | {l.concurrency} | {l.items_per_s:,.0f} | {l.p50_ms:.1f} | {l.p95_ms:.1f} | "
-                     f"{l.p99_ms:.1f} | {l.errors} | {ratio(l.items_per_s, report.hf_items_per_s)} |")
+                     f"{l.p99_ms:.1f} | {l.errors} | {ratio(l.items_per_s, report.hf_items_per_s)} | {mib(l.gpu_memory_mib)} |")
     if report.hf_items_per_s:
         lines.append(f"| HF forward only (offline, batch {s['hf_batch']}, pixels prepared) | - | "
-                     f"{report.hf_items_per_s:,.0f} | - | - | - | 0 | 1.00x |")
+                     f"{report.hf_items_per_s:,.0f} | - | - | - | 0 | 1.00x | - |")
     return "\n".join(lines)
 
 

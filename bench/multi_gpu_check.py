@@ -10,22 +10,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
 from pathlib import Path
 
-from harness import free_port, grpc_serving, log, start, stop, wait_ready
+from harness import device_memory_mib, free_port, grpc_serving, log, start, stop, wait_ready
 from rerank import GPU, build_model, make_requests, raw_scores
 
 LAYOUTS = {"tp2": {"tensor_parallel_size": 2}, "dp2": {"data_parallel_size": 2}}
-
-
-def gpu_memory_mib() -> list[int]:
-    done = subprocess.run(
-        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-        capture_output=True, text=True, check=True,
-    )
-    return [int(line) for line in done.stdout.split()]
 
 
 async def scores_with(model: Path, layout: str, requests, work: Path) -> tuple[list[list[float]], list[int]]:  # type: ignore[no-untyped-def]
@@ -46,7 +37,7 @@ async def scores_with(model: Path, layout: str, requests, work: Path) -> tuple[l
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             await wait_ready(grpc_serving(channel), server, work / f"{layout}.log", layout)
-            memory = gpu_memory_mib()
+            memory = device_memory_mib()
             stub = rerank_pb2_grpc.RerankServiceStub(channel)
             return await raw_scores(stub, requests), memory
     finally:

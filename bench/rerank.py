@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 from harness import (
     Level,
     busy_cores,
+    mib,
     stage_table,
     Report,
     closed_loop,
@@ -277,18 +278,18 @@ def table(report: Report) -> str:
         f"Rerank, {report.scenario['name']}, {report.scenario['dtype']}, "
         f"{report.tokens_per_item:.0f} tokens/pair, closed loop, {report.conditions['device']}",
         "",
-        "| system | docs/request | concurrency | pairs/s | p50 ms | p95 ms | p99 ms | errors | tokens/pair served | vs vllm serve | vs HF best | server busy cores |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| system | docs/request | concurrency | pairs/s | p50 ms | p95 ms | p99 ms | errors | tokens/pair served | vs vllm serve | vs HF best | GPU MiB | server busy cores |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for l in report.levels:
         lines.append(
             f"| {l.system} | {l.items_per_request} | {l.concurrency} | {l.items_per_s:,.0f} | {l.p50_ms:.1f} | "
             f"{l.p95_ms:.1f} | {l.p99_ms:.1f} | {l.errors} | {l.tokens_per_item:.0f} | "
             f"{ratio(l.items_per_s, serve.get((l.items_per_request, l.concurrency)))} | {ratio(l.items_per_s, report.hf_items_per_s)} | "
-            f"{busy_cores(l.server_cores)} |"
+            f"{mib(l.gpu_memory_mib)} | {busy_cores(l.server_cores)} |"
         )
     if report.hf_items_per_s:
-        lines.append(f"| HF transformers (offline, best batch) | - | - | {report.hf_items_per_s:,.0f} | - | - | - | 0 | - | - | 1.00x | - |")
+        lines.append(f"| HF transformers (offline, best batch) | - | - | {report.hf_items_per_s:,.0f} | - | - | - | 0 | - | - | 1.00x | - | - |")
     return "\n".join(lines + stage_table(report.levels))
 
 

@@ -30,6 +30,7 @@ def test_rerank_bench_cpu_smoke(tmp_path: Path) -> None:
         assert abs(level["tokens_per_item"] - report["tokens_per_item"]) < 0.05 * report["tokens_per_item"]
         # the servers' own view of each level: busy cores, and for ours its stage means
         assert level["server_cores"].get("main", 0) > 0
+        assert level["gpu_memory_mib"] is None  # no NVIDIA GPU here: "-" in the table, never 0
     ours = [level for level in report["levels"] if level["system"] == "grpc (ours)"]
     assert all({"preprocess", "engine", "vllm_prefill"} <= set(level["server_stages_ms"]) for level in ours)
     assert all(level["server_stages_ms"]["engine_steps_per_call"] > 0 for level in ours)
