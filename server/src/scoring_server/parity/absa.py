@@ -72,8 +72,10 @@ async def absa_report(
     settings: ModelSettings, rows: list[dict[str, Any]], dtype: str
 ) -> dict[str, Any]:
     pairs = read_pairs(rows)
-    reference_model = AbsaReference(settings.path, hf_overrides=settings.effective_hf_overrides())
-    reference = [Judgement.of_reference(j) for j in reference_model.analyze(pairs)]
+    def reference() -> list[Judgement]:
+        model = AbsaReference(settings.path, hf_overrides=settings.effective_hf_overrides())
+        return [Judgement.of_reference(j) for j in model.analyze(pairs)]
+
     report, batched = await compare_paths(
         settings, dtype, reference, lambda path, batched: _plugin(path, pairs, batched), compare
     )

@@ -23,20 +23,25 @@ def summarize(diffs: list[float], what: str) -> dict[str, float]:
 async def compare_paths(
     settings: ModelSettings,
     dtype: str,
-    reference: R,
+    reference: Callable[[], R],
     run: Callable[[PluginPath, bool], Awaitable[R]],
     compare: Callable[[R, R], dict[str, Any]],
 ) -> tuple[dict[str, Any], R]:
     """`run(path, batched)` scores the inputs through the plugin path; returns the report and
-    the fp32 batched results."""
+    the fp32 batched results. The engines run first and `reference()` only after they have
+    shut down: the Hugging Face reference may initialise CUDA in this process (transformers
+    asks for the device count), and an engine process forked after that cannot use the GPU."""
     async with started(settings.model_copy(update={"dtype": "float32"})) as fp32:
         batched = await run(fp32, True)
         single = await run(fp32, False)
+    served = None
+    if dtype != "float32":
+        async with started(settings.model_copy(update={"dtype": dtype})) as path:
+            served = await run(path, True)
     report: dict[str, Any] = {
-        "reference_vs_plugin_fp32": compare(reference, batched),
+        "reference_vs_plugin_fp32": compare(reference(), batched),
         "single_vs_batched_fp32": compare(batched, single),
     }
-    if dtype != "float32":
-        async with started(settings.model_copy(update={"dtype": dtype})) as served:
-            report[f"fp32_vs_{dtype}"] = compare(batched, await run(served, True))
+    if served is not None:
+        report[f"fp32_vs_{dtype}"] = compare(batched, served)
     return report, batched

@@ -42,8 +42,10 @@ async def _plugin(path: PluginPath, queries: list[Query], batched: bool) -> Scor
 
 async def image_rank_report(settings: ModelSettings, rows: list[dict[str, Any]], dtype: str, base: Path) -> dict[str, Any]:
     queries = read_queries(rows, base)
-    reference_model = ImageRankReference(settings.path)
-    reference = [reference_model.score(query, images) for query, images in queries]
+    def reference() -> Scores:
+        model = ImageRankReference(settings.path)
+        return [model.score(query, images) for query, images in queries]
+
     doubled = [(query, images + images) for query, images in queries]
 
     async def run(path: PluginPath, batched: bool) -> Scores:
