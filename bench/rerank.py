@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import statistics
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -75,6 +76,8 @@ class Scenario:
     pack_tokens: int = 16384
     # The packed model's layers as CUDA graphs (False: eager, the `grpc-eager` system).
     pack_graphs: bool = True
+    # More AsyncEngineArgs for our server (`--grpc-engine-args`), e.g. {"async_scheduling": true}.
+    grpc_engine_args: dict[str, Any] = field(default_factory=dict)
 
 
 GPU = Scenario("qwen3-0.6b-shaped", "bfloat16", 1024, 28, 16, 8, 128, 3072, 20, [1, 16, 64], 15.0, False, 0.5, 128)
@@ -170,7 +173,7 @@ async def grpc_reranker(model: Path, scenario: Scenario, work: Path) -> AsyncIte
         "gpu_memory_utilization": scenario.gpu_memory_utilization,
         "pack_pairs": scenario.pack_pairs, "pack_tokens": scenario.pack_tokens,
         "pack_graphs": scenario.pack_graphs,
-        "engine_args": {"enforce_eager": scenario.enforce_eager},
+        "engine_args": {"enforce_eager": scenario.enforce_eager, **scenario.grpc_engine_args},
     }]}))
     log("grpc: starting our server")
     server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], work / "grpc-server.log")
@@ -297,6 +300,7 @@ async def main_async(args: argparse.Namespace) -> Report:
     scenario = CPU_SMOKE if args.cpu_smoke else GPU
     scenario.pack_pairs = not args.no_pack
     scenario.pack_tokens = args.pack_tokens or scenario.pack_tokens
+    scenario.grpc_engine_args = args.grpc_engine_args
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     model = build_model(scenario, work / f"model-{scenario.name}")
@@ -326,6 +330,8 @@ def main() -> None:
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--no-pack", action="store_true", help="our server without pair packing")
     parser.add_argument("--pack-tokens", type=int, help="tokens per packed engine request")
+    parser.add_argument("--grpc-engine-args", type=json.loads, default={},
+                        help='JSON object of more engine args for our server, e.g. {"async_scheduling": true}')
     args = parser.parse_args()
     report = asyncio.run(main_async(args))
     stem = f"rerank-{report.scenario['name']}-{report.scenario['dtype']}"
