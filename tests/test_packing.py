@@ -215,7 +215,8 @@ def packed(demo_models: dict[str, ModelSettings]) -> Iterator[PackedEngine]:
         pending = asyncio.all_tasks(loop)
         for task in pending:
             task.cancel()
-        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        if pending:  # gather() of nothing would belong to another loop
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         loop.close()
 
 
@@ -289,22 +290,28 @@ def test_planning_cancelled_mid_thread_leaves_no_state(packed: PackedEngine) -> 
     request = processor.parse_data(
         RerankInput(query=QUERY, documents=[RerankDocumentInput(text=d) for d in SHORT_DOCS])
     )
-    planning = threading.Event()
+    planning, planned = threading.Event(), threading.Event()
     original = processor.plan
 
     def slow_plan(parsed: RerankInput, request_id: str) -> list[EngineRequest]:
         planning.set()
         time.sleep(0.3)
-        return original(parsed, request_id)
+        try:
+            return original(parsed, request_id)
+        finally:
+            planned.set()
 
     async def cancelled_call() -> None:
+        loop = asyncio.get_running_loop()
         task = asyncio.ensure_future(processor.plan_async(request, "cancelled"))
-        await asyncio.get_running_loop().run_in_executor(None, planning.wait)
+        await loop.run_in_executor(None, planning.wait)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         processor.discard("cancelled")  # what the server's finally does
-        await asyncio.sleep(0.6)
+        assert processor.pending_states == 0  # the thread has not stored its state yet
+        assert await loop.run_in_executor(None, planned.wait, 30)
+        await asyncio.sleep(0.1)  # the plan's done-callback runs on this loop
 
     processor.plan = slow_plan  # type: ignore[method-assign]
     try:
