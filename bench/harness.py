@@ -115,17 +115,23 @@ def grpc_serving(channel: Any) -> Callable[[], Awaitable[bool]]:
     return serving
 
 
+def _process_tree(pid: int) -> list[Any]:
+    """A process and its descendants (psutil processes); empty once it has gone."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
 def cpu_seconds(pid: int) -> dict[str, float]:
     """CPU seconds used so far by a process and its descendants, summed by process name."""
     import psutil
 
     totals: dict[str, float] = {}
-    try:
-        root = psutil.Process(pid)
-        processes = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return totals
-    for process in processes:
+    for process in _process_tree(pid):
         try:
             times = process.cpu_times()
             name = "main" if process.pid == pid else process.name()
@@ -193,14 +199,12 @@ def gpu_memory_mib(pid: int) -> int | None:
     Containers often hide or remap the PIDs nvidia-smi reports; then it is the whole device's
     use, which is the server's here (the benchmarks run one server at a time). vLLM reserves
     its KV cache up front, so this is what a server keeps from other tenants."""
-    import psutil
-
     try:
         apps = _nvidia_smi("--query-compute-apps=pid,used_memory")
-        tree = {pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))}
+        tree = {process.pid for process in _process_tree(pid)}
         mine = [int(mib) for app, mib in apps if int(app) in tree]
         return sum(mine) if mine else sum(device_memory_mib())
-    except (OSError, subprocess.SubprocessError, psutil.NoSuchProcess, ValueError):
+    except (OSError, subprocess.SubprocessError, ValueError):
         return None
 
 

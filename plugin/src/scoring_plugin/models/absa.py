@@ -24,6 +24,7 @@ from vllm.v1.outputs import PoolerOutput
 from vllm.v1.pool.metadata import PoolingMetadata
 
 from scoring_plugin.absa.heads import AbsaHeads, pack_outputs
+from scoring_plugin.models.pooling_step import whole_request_lengths
 from scoring_plugin.models.pair_bert import required_sep_token_id, second_segment_mask
 
 ABSA_TASK: PoolingTask = "token_classify"
@@ -41,11 +42,10 @@ class AbsaPooler(Pooler):
         return {ABSA_TASK}
 
     def forward(self, hidden_states: torch.Tensor, pooling_metadata: PoolingMetadata) -> PoolerOutput:
+        lengths = whole_request_lengths(
+            pooling_metadata, "ABSA pairs must be scheduled in one step (no chunked prefill)"
+        )
         cursor = pooling_metadata.get_pooling_cursor()
-        if cursor.is_partial_prefill():
-            # Encoder-only models are scheduled whole; a split pair would pool half a review.
-            raise RuntimeError("ABSA pairs must be scheduled in one step (no chunked prefill)")
-        lengths = cursor.num_scheduled_tokens_cpu.tolist()
         # Anything past the scheduled tokens is padding (CUDA graphs): never part of a result.
         hidden = hidden_states[: sum(lengths)].to(self.head_dtype)
         sentiment = self.heads.sentiment_logits(hidden[cursor.first_token_indices_gpu])

@@ -14,6 +14,7 @@ ops only (norms, projections, MLP); attention reads real rows alone, so they nev
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections.abc import Sequence
 from typing import Generic, Protocol, TypeVar
@@ -105,8 +106,7 @@ class LayerGraphs(Generic[PlanT]):
         if not self._captured:
             self._capture_all(hidden)
         assert self._embeds is not None and self._positions is not None and self._attn is not None
-        size = next(b for b in self.buckets if b >= tokens)
-        bucket = self._captured[size]
+        bucket = self._captured[self.buckets[bisect.bisect_left(self.buckets, tokens)]]
         self._embeds[:tokens].copy_(hidden)
         self._positions[:tokens].copy_(positions)
         for layer, graph, (q, k, v) in zip(self.layers, bucket.graphs, bucket.qkv):

@@ -47,6 +47,7 @@ from vllm.v1.pool.metadata import PoolingMetadata
 
 from scoring_plugin.models.layer_graphs import LayerGraphs, run_eager
 from scoring_plugin.models.loading import load_all_weights
+from scoring_plugin.models.pooling_step import whole_request_lengths
 from scoring_plugin.rerank.packing import AttentionPlan, layout_of
 from scoring_plugin.rerank.settings import RerankSettings
 
@@ -268,10 +269,9 @@ class PackedPairScorer(Pooler):
         return {PACKED_TASK}
 
     def forward(self, hidden_states: torch.Tensor, pooling_metadata: PoolingMetadata) -> PoolerOutput:
-        cursor = pooling_metadata.get_pooling_cursor()
-        if cursor.is_partial_prefill():
-            raise RuntimeError("a packed request arrived in pieces; chunked prefill must be off")
-        counts = cursor.num_scheduled_tokens_cpu.tolist()
+        counts = whole_request_lengths(
+            pooling_metadata, "a packed request arrived in pieces; chunked prefill must be off"
+        )
         layouts = [layout_of(p.extra_kwargs, n) for p, n in zip(pooling_metadata.pooling_params, counts)]
         plan = DevicePlan(AttentionPlan.build(layouts), hidden_states.device)
         if not self._kernels_chosen:
