@@ -24,6 +24,9 @@ SETTINGS = settings(
     max_examples=80,
     deadline=None,
     database=None,  # no example files in the checkout
+    # The same examples every run: the guard below counts successes, and a random draw of 80
+    # rerank requests sometimes held only 4 valid ones (CI failed on that, not on a property).
+    derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 # Mostly valid pieces, so that generated requests often succeed and the invariants get tested;
