@@ -29,7 +29,7 @@ from scoring_plugin.reference.rerank import Scorer, reference_for
 from scoring_plugin.rerank.packing import LAYOUT_KEY, AttentionPlan, layout_of, pack
 from scoring_plugin.rerank.types import RerankDocumentInput, RerankInput, RerankOutput, TruncationOptions
 from scoring_server.config import ModelSettings
-from scoring_server.engines import ServedModel, _start
+from scoring_server.engines import ServedModel, _start, engine_args
 from scoring_server.services.execution import _run_all
 
 # ------------------------------------------------------------------------------------------ pack()
@@ -373,6 +373,20 @@ def test_pack_graphs_reaches_the_model_settings(demo_models: dict[str, ModelSett
     for settings, expected in ((on, True), (off, False)):
         config = {**settings._checkpoint_config(), **settings.effective_hf_overrides()}
         assert RerankSettings.from_hf_config(config).pooler_graphs is expected
+
+
+def test_packed_engine_asks_for_async_scheduling_unless_told_otherwise(demo_models: dict[str, ModelSettings]) -> None:
+    """Async scheduling is a packed default (vLLM's is off for pooling models), one the
+    deployment's engine_args can still turn off. vLLM's CPU platform switches it off whatever
+    is asked, so its effect (and parity with it on) is checked on the GPU, by
+    bench/rerank_check.py."""
+    path = demo_models["qwen3-seq-cls"].path
+    settings = ModelSettings(name="q", path=path, dtype="float32", pack_pairs=True)
+    assert engine_args(settings).async_scheduling is True
+    off = settings.model_copy(update={"engine_args": {"async_scheduling": False}})
+    assert engine_args(off).async_scheduling is False
+    plain = ModelSettings(name="q", path=path, dtype="float32")
+    assert engine_args(plain).async_scheduling is None  # vLLM's own choice
 
 
 @pytest.mark.parametrize("max_tokens", [8, 100, 1000, 16384, 20000])

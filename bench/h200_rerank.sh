@@ -1,0 +1,29 @@
+#!/bin/sh
+# The rerank measurements of one H200 staging, in device-tool calls of <= 10 minutes each
+# (`../shared/gpu/README.md` stages vLLM first). Results and logs land in $OUT.
+#   sh bench/h200_rerank.sh kernels   # packed step by token count + parity bf16/fp32 (~6 min)
+#   sh bench/h200_rerank.sh systems   # HF, vllm serve and ours in one run (~7 min)
+#   sh bench/h200_rerank.sh variants  # ours with async scheduling; scoring-parity --pack-pairs
+set -eu
+sh .gpu/bin/install.sh >/dev/null
+. .gpu/bin/env.sh
+python3 -m pip install -q --no-deps --upgrade --target /tmp/site .whl/*.whl
+export VLLM_WORKER_MULTIPROC_METHOD=spawn
+cd bench
+case "$1" in
+kernels)
+    python3 packed_step.py --out "$OUT" 2>&1 | tail -40
+    python3 rerank_check.py --queries 6 --out "$OUT" 2>&1 | tail -14
+    python3 rerank_check.py --queries 4 --dtype float32 --out "$OUT" 2>&1 | tail -14
+    ;;
+systems)
+    python3 rerank.py --systems hf,grpc,vllm --docs-sweep 1 --work /tmp/bw --out "$OUT" 2>&1 | tail -40
+    ;;
+variants)
+    python3 rerank.py --systems grpc --grpc-engine-args '{"async_scheduling": true}' --work /tmp/bw \
+        --out "$OUT/async" 2>&1 | tail -25
+    python3 -c "import json, rerank; print('\n'.join(json.dumps({'query': q, 'documents': d}) for q, d in rerank.make_requests(6, 20, seed=11)))" > /tmp/queries.jsonl
+    python3 -m scoring_server.parity --checkpoint /tmp/scoring-rerank-check/model-qwen3-0.6b-shaped --inputs /tmp/queries.jsonl \
+        --dtype bfloat16 --pack-pairs --json "$OUT/parity-packed-bf16.json" 2>&1 | tail -30
+    ;;
+esac
