@@ -86,8 +86,8 @@ def main() -> None:
     import torch
 
     from scoring_plugin.models.layer_graphs import run_eager
-    from scoring_plugin.models.packed_qwen3 import DevicePlan
-    from scoring_plugin.rerank.packing import AttentionPlan
+    from scoring_plugin.models.packed_attention import DevicePlan
+    from scoring_plugin.packing import AttentionPlan
 
     scorer = model.pooler
     device = next(model.parameters()).device

@@ -297,12 +297,26 @@ def test_pack_unpack_round_trip(tokens: int, num_labels: int) -> None:
     packed = pack_outputs(sentiment, span)
     assert packed.shape == (num_labels + 2 * tokens,)
     got_sentiment, got_start, got_end = unpack_outputs(packed, num_labels)
-    assert torch.equal(got_sentiment, sentiment)
+    assert torch.equal(got_sentiment, sentiment.reshape(1, -1))
     assert torch.equal(got_start, span[:, 0])
     assert torch.equal(got_end, span[:, 1])
     # A [1, N] shaped vector unpacks the same.
     again = unpack_outputs(packed.reshape(1, -1), num_labels)
-    assert all(torch.equal(a, b) for a, b in zip(again, (sentiment, span[:, 0], span[:, 1])))
+    assert all(torch.equal(a, b) for a, b in zip(again, (sentiment.reshape(1, -1), span[:, 0], span[:, 1])))
+
+
+@pytest.mark.parametrize("pairs,tokens", [(2, 2), (3, 17), (8, 64)])
+def test_pack_unpack_round_trip_of_a_packed_request(pairs: int, tokens: int) -> None:
+    """A packed request's result: every pair's sentiment first, then the span logits of all
+    its tokens."""
+    gen = torch.Generator().manual_seed(pairs * 100 + tokens)
+    sentiment = torch.randn(pairs, 3, generator=gen)
+    span = torch.randn(tokens, 2, generator=gen)
+    got_sentiment, got_start, got_end = unpack_outputs(pack_outputs(sentiment, span), 3, pairs)
+    assert torch.equal(got_sentiment, sentiment)
+    assert torch.equal(got_start, span[:, 0]) and torch.equal(got_end, span[:, 1])
+    with pytest.raises(ValueError):  # fewer tokens than pairs cannot be a packed result
+        unpack_outputs(pack_outputs(sentiment, span[: pairs - 1]), 3, pairs)
 
 
 def test_pack_accepts_head_outputs() -> None:
@@ -313,7 +327,7 @@ def test_pack_accepts_head_outputs() -> None:
     span = heads.span_logits(hidden)
     assert sentiment.shape == (3,) and span.shape == (9, 2)
     s, start, end = unpack_outputs(pack_outputs(sentiment, span), 3)
-    assert torch.equal(s, sentiment) and torch.equal(start, span[:, 0]) and torch.equal(end, span[:, 1])
+    assert torch.equal(s[0], sentiment) and torch.equal(start, span[:, 0]) and torch.equal(end, span[:, 1])
 
 
 @pytest.mark.parametrize("size,num_labels", [(3, 3), (4, 3), (6, 3), (2, 3), (1, 3), (0, 3), (8, 5)])

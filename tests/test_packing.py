@@ -1,4 +1,4 @@
-"""Packed reranking: every pair of a call in one engine request (scoring_plugin.rerank.packing).
+"""Packed reranking: every pair of a call in one engine request (scoring_plugin.packing).
 
 The unit tests pin the arithmetic that keeps pairs apart (layouts, positions, key ranges) without
 an engine; the engine tests start ONE packed engine in-process on the demo Qwen3 cross-encoder
@@ -12,25 +12,24 @@ import itertools
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from vllm.v1.engine.async_llm import AsyncLLM
 
 from scoring_plugin.errors import InvalidInputError
 from scoring_plugin.io_processors.engine_request import EngineRequest
 from scoring_plugin.io_processors.reranker import RerankerIOProcessor
-from scoring_plugin.models.packed_qwen3 import DevicePlan, PairAttention
+from scoring_plugin.models.packed_attention import DevicePlan, PairAttention
+from scoring_plugin.packing import LAYOUT_KEY, AttentionPlan, layout_of, pack
 from scoring_plugin.reference.rerank import Scorer, reference_for
-from scoring_plugin.rerank.packing import LAYOUT_KEY, AttentionPlan, layout_of, pack
-from scoring_plugin.rerank.types import RerankDocumentInput, RerankInput, RerankOutput, TruncationOptions
+from scoring_plugin.rerank.types import RerankDocumentInput, RerankInput, TruncationOptions
 from scoring_server.config import ModelSettings
-from scoring_server.engines import ServedModel, _start, engine_args
-from scoring_server.services.execution import _run_all
+from scoring_server.engines import engine_args
+
+from engine_harness import InProcessEngine, in_process_engine
 
 # ------------------------------------------------------------------------------------------ pack()
 
@@ -166,64 +165,32 @@ SHORT_DOCS = [
 LONG_DOC = "coffee tea milk water bread cheese " * 3  # ~3x a short document; the call still fits 256
 
 
-@dataclass
-class PackedEngine:
-    """One packed engine and the event loop its AsyncLLM is bound to."""
-
-    processor: RerankerIOProcessor
-    engine: AsyncLLM
-    loop: asyncio.AbstractEventLoop
-    path: Path
-    calls: Iterator[int]
-
-    def run(self, request: RerankInput) -> tuple[list[EngineRequest], RerankOutput]:
-        """One call as the server makes it: plan, submit, post-process (state always popped)."""
-        request_id = f"pack-{next(self.calls)}"
-        requests = self.processor.plan(self.processor.parse_data(request), request_id)
-        try:
-            outputs = self.loop.run_until_complete(_run_all(self.engine, requests, request_id))
-            return requests, self.processor.post_process(outputs, request_id)
-        finally:
-            self.processor.discard(request_id)
-
-    def raw_scores(self, query: str, documents: Sequence[str]) -> tuple[list[EngineRequest], list[float]]:
-        request = RerankInput(
-            query=query, documents=[RerankDocumentInput(text=d) for d in documents], return_raw_scores=True
-        )
-        requests, output = self.run(request)
-        by_index = {r.index: r.raw_score for r in output.results if r.raw_score is not None}
-        assert sorted(by_index) == list(range(len(documents)))
-        return requests, [by_index[i] for i in range(len(documents))]
-
-
-@pytest.fixture(scope="module")
-def packed(demo_models: dict[str, ModelSettings]) -> Iterator[PackedEngine]:
-    """ONE packed engine for the module (start ~30 s on CPU), shut down at the end."""
-    path = Path(demo_models["qwen3-seq-cls"].path)
-    settings = ModelSettings(
-        name="qwen3-seq-cls-packed", path=str(path), dtype="float32", pack_pairs=True, pack_tokens=PACK_TOKENS
+def raw_scores(packed: InProcessEngine, query: str, documents: Sequence[str]) -> tuple[list[EngineRequest], list[float]]:
+    request = RerankInput(
+        query=query, documents=[RerankDocumentInput(text=d) for d in documents], return_raw_scores=True
     )
-    model = ServedModel(settings)
-    _start(model)
-    assert model.engine is not None and isinstance(model.processor, RerankerIOProcessor)
-    loop = asyncio.new_event_loop()
-    try:
-        yield PackedEngine(model.processor, model.engine, loop, path, itertools.count())
-    finally:
-        model.engine.shutdown()
-        # The engine's output handler task lives on this loop: let it finish its cancellation.
-        pending = asyncio.all_tasks(loop)
-        for task in pending:
-            task.cancel()
-        if pending:  # gather() of nothing would belong to another loop
-            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        loop.close()
+    requests, output = packed.run(request)
+    by_index = {r.index: r.raw_score for r in output.results if r.raw_score is not None}
+    assert sorted(by_index) == list(range(len(documents)))
+    return requests, [by_index[i] for i in range(len(documents))]
 
 
 @pytest.fixture(scope="module")
-def reference(packed: PackedEngine) -> Scorer:
+def packed(demo_models: dict[str, ModelSettings]) -> Iterator[InProcessEngine]:
+    """ONE packed engine for the module (start ~30 s on CPU), shut down at the end."""
+    settings = ModelSettings(
+        name="qwen3-seq-cls-packed", path=demo_models["qwen3-seq-cls"].path, dtype="float32",
+        pack_pairs=True, pack_tokens=PACK_TOKENS,
+    )
+    with in_process_engine(settings) as engine:
+        assert isinstance(engine.processor, RerankerIOProcessor)
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def reference(demo_models: dict[str, ModelSettings]) -> Scorer:
     """The Hugging Face scorer of the same checkpoint (plain transformers, fp32)."""
-    return reference_for(packed.path)
+    return reference_for(Path(demo_models["qwen3-seq-cls"].path))
 
 
 def _layouts(requests: list[EngineRequest]) -> list[list[int]]:
@@ -237,11 +204,11 @@ def _layouts(requests: list[EngineRequest]) -> list[list[int]]:
 
 
 def test_one_call_is_one_engine_request_scoring_like_the_reference(
-    packed: PackedEngine, reference: Scorer
+    packed: InProcessEngine, reference: Scorer
 ) -> None:
     """Short and long documents plus a duplicate fit the budget: one request, reference scores."""
     docs = [*SHORT_DOCS[:3], LONG_DOC, *SHORT_DOCS[3:]]
-    requests, scores = packed.raw_scores(QUERY, docs)
+    requests, scores = raw_scores(packed, QUERY, docs)
     layouts = _layouts(requests)
     assert len(requests) == 1, layouts
     # the duplicate is one segment; the long document's segment is the longest
@@ -252,11 +219,11 @@ def test_one_call_is_one_engine_request_scoring_like_the_reference(
     assert scores[docs.index(SHORT_DOCS[0])] == scores[len(docs) - 2]  # exactly, not approximately
 
 
-def test_pairs_beyond_the_budget_take_several_requests(packed: PackedEngine, reference: Scorer) -> None:
+def test_pairs_beyond_the_budget_take_several_requests(packed: InProcessEngine, reference: Scorer) -> None:
     """12 documents exceed pack_tokens: several requests, each pair still scored as if alone."""
     words = "coffee tea milk water bread cheese cafe quiet city river park museum".split()
     docs = [" ".join(words[(i + j) % len(words)] for j in range(8 + i % 4)) for i in range(12)]
-    requests, scores = packed.raw_scores(QUERY, docs)
+    requests, scores = raw_scores(packed, QUERY, docs)
     layouts = _layouts(requests)
     assert len(requests) > 1
     head = layouts[0][0]
@@ -264,12 +231,12 @@ def test_pairs_beyond_the_budget_take_several_requests(packed: PackedEngine, ref
     assert sum(len(layout) - 1 for layout in layouts) == len(docs)
     assert scores == pytest.approx(reference(QUERY, docs, True), abs=1e-4)
     for doc, score in zip(docs, scores):
-        alone_requests, alone = packed.raw_scores(QUERY, [doc])
+        alone_requests, alone = raw_scores(packed, QUERY, [doc])
         assert _layouts(alone_requests)[0][0] == head
         assert score == pytest.approx(alone[0], abs=1e-5)
 
 
-def test_no_request_state_is_left_behind(packed: PackedEngine) -> None:
+def test_no_request_state_is_left_behind(packed: InProcessEngine) -> None:
     """Runs after the calls above: each packed call keeps one state from plan to post_process
     (however many engine requests it took), then none."""
     processor = packed.processor
@@ -282,7 +249,7 @@ def test_no_request_state_is_left_behind(packed: PackedEngine) -> None:
     assert processor.pending_states == 0
 
 
-def test_planning_cancelled_mid_thread_leaves_no_state(packed: PackedEngine) -> None:
+def test_planning_cancelled_mid_thread_leaves_no_state(packed: InProcessEngine) -> None:
     """plan_async tokenizes in a worker thread. A call cancelled (deadline, client gone) while
     that thread runs gets its state discarded by the server at once, before the thread stores
     it; the thread's late state must be dropped too, not left to the sweep."""
@@ -325,7 +292,7 @@ def test_planning_cancelled_mid_thread_leaves_no_state(packed: PackedEngine) -> 
     processor.discard("whole")
 
 
-def test_per_pair_limit_is_the_checkpoints_capped_by_pack_tokens(packed: PackedEngine) -> None:
+def test_per_pair_limit_is_the_checkpoints_capped_by_pack_tokens(packed: InProcessEngine) -> None:
     """The engine's max_model_len is pack_tokens (a whole call); a pair keeps the checkpoint's
     position limit (512, not pack_tokens), but must also fit one packed request, so with
     pack_tokens=256 < 512 the advertised per-pair limit is 256."""
@@ -334,7 +301,7 @@ def test_per_pair_limit_is_the_checkpoints_capped_by_pack_tokens(packed: PackedE
     assert packed.processor.max_model_len == min(PACK_TOKENS, 512)
 
 
-def test_a_pair_at_the_advertised_limit_packs(packed: PackedEngine) -> None:
+def test_a_pair_at_the_advertised_limit_packs(packed: InProcessEngine) -> None:
     """Whatever the limit advertised, a pair truncated to it must pack (pack() would raise
     otherwise), and one beyond it without truncation is the caller's error, not a crash."""
     limit = packed.processor.max_model_len

@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scoring_plugin.absa.settings import OVERRIDES_KEY as ABSA_OVERRIDES_KEY
 from scoring_plugin.image_rank.settings import OVERRIDES_KEY as IMAGE_RANK_OVERRIDES_KEY
-from scoring_plugin.models import PACKED_QWEN3_ARCHITECTURE
+from scoring_plugin.models import PACKABLE_ARCHITECTURES
 from scoring_plugin.rerank.settings import OVERRIDES_KEY as RERANK_OVERRIDES_KEY
 from scoring_plugin.rerank.settings import RerankMode
 from scoring_server.security import AuthSettings, TlsSettings
@@ -52,10 +52,10 @@ class ModelSettings(BaseModel):
     # On the CPU backend this is a fraction of host memory, so the default stays small.
     gpu_memory_utilization: float = Field(default=0.05, gt=0, le=1)
     hf_overrides: dict[str, Any] = Field(default_factory=dict)
-    # Qwen3 cross-encoders: every pair of a call in one engine request, the shared prompt head
-    # computed once (scoring_plugin.rerank.packing). `max_model_len` stays the per-pair limit
-    # (capped at `pack_tokens`); a packed request holds up to `pack_tokens` tokens (larger calls
-    # take several).
+    # Qwen3 cross-encoders and ModernBERT ABSA models: every pair of a call in one engine
+    # request, attention kept inside each pair, a reranker's shared prompt head computed once
+    # (scoring_plugin.packing). `max_model_len` stays the per-pair limit (capped at
+    # `pack_tokens`); a packed request holds up to `pack_tokens` tokens (larger calls take several).
     pack_pairs: bool = False
     pack_tokens: int = Field(default=8192, ge=64)
     # On CUDA the packed model replays its layers as CUDA graphs; False keeps them eager.
@@ -68,8 +68,8 @@ class ModelSettings(BaseModel):
     def _only_implemented_kinds(self) -> ModelSettings:
         if self.rerank_mode is not None and self.kind is not ModelKind.RERANK:
             raise ValueError("rerank_mode applies to rerank models only")
-        if self.pack_pairs and self.kind is not ModelKind.RERANK:
-            raise ValueError("pack_pairs applies to rerank models only")
+        if self.pack_pairs and self.kind.value not in PACKABLE_ARCHITECTURES:
+            raise ValueError(f"pack_pairs applies to {sorted(PACKABLE_ARCHITECTURES)} models only")
         if self.max_queued_items < self.max_items_per_request:
             raise ValueError("max_queued_items must admit at least one full request")
         return self
@@ -82,16 +82,28 @@ class ModelSettings(BaseModel):
             key, own = RERANK_OVERRIDES_KEY, {"max_documents": self.max_items_per_request}
             if self.rerank_mode is not None:
                 own["mode"] = self.rerank_mode.value
-            if self.pack_pairs:
-                overrides["architectures"] = [PACKED_QWEN3_ARCHITECTURE]
-                own["max_pair_tokens"] = self.max_pair_tokens()
-                own["pooler_graphs"] = self.pack_graphs
         elif self.kind is ModelKind.ABSA:
             key, own = ABSA_OVERRIDES_KEY, {"max_pairs": self.max_items_per_request}
         else:
             key, own = IMAGE_RANK_OVERRIDES_KEY, {"max_images": self.max_items_per_request}
+        if self.pack_pairs:
+            overrides["architectures"] = [self.packed_architecture()]
+            own["max_pair_tokens"] = self.max_pair_tokens()
+            own["pooler_graphs"] = self.pack_graphs
         overrides[key] = {**(overrides.get(key) or {}), **own}
         return overrides
+
+    def packed_architecture(self) -> str:
+        """The plugin architecture that serves this checkpoint packed."""
+        packable = PACKABLE_ARCHITECTURES.get(self.kind.value, {})
+        architectures = self.checkpoint_architectures()
+        for architecture in architectures:
+            if architecture in packable:
+                return packable[architecture]
+        raise ValueError(
+            f"model {self.name!r}: pack_pairs for {self.kind.value} needs one of {sorted(packable)}, "
+            f"the checkpoint is {architectures}"
+        )
 
     def max_pair_tokens(self) -> int:
         """A packed model's per-pair limit: the configured one, else the checkpoint's positions."""

@@ -22,7 +22,6 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from scoring_plugin.io_processors.absa import AbsaIOProcessor
 from scoring_plugin.io_processors.image_ranker import ImageRankerIOProcessor
 from scoring_plugin.io_processors.reranker import RerankerIOProcessor
-from scoring_plugin.models import PACKABLE_ARCHITECTURES
 from scoring_server.admission import Admission
 from scoring_server.config import ModelKind, ModelSettings
 
@@ -127,12 +126,7 @@ def _packed_engine_args(settings: ModelSettings) -> dict[str, object]:
     keeps no KV cache to resume from, and a prefix-cache hit would skip its tokens. Eager mode:
     the compiled forward would be an embedding lookup only, while eager mode turns vLLM's fused
     kernels (RMSNorm, rotary, SiLU) on for the transformer that runs in the pooler."""
-    architectures = settings.checkpoint_architectures()
-    if not set(architectures) & set(PACKABLE_ARCHITECTURES):
-        raise ValueError(
-            f"model {settings.name!r}: pack_pairs needs one of {sorted(PACKABLE_ARCHITECTURES)}, "
-            f"the checkpoint is {architectures}"
-        )
+    settings.packed_architecture()  # a checkpoint that cannot be packed fails here, by name
     batched = int(settings.engine_args.get("max_num_batched_tokens") or settings.pack_tokens)
     return {
         "max_model_len": settings.pack_tokens,

@@ -29,7 +29,8 @@ class AbsaHeads(nn.Module):
 
 
 def pack_outputs(sentiment: torch.Tensor, span: torch.Tensor) -> torch.Tensor:
-    """One pooled result per pair: [labels sentiment logits | T start logits | T end logits].
+    """One pooled result per engine request: [sentiment logits of each pair | T start logits |
+    T end logits], T the request's tokens (a packed request: all its pairs', in order).
 
     A flat vector travels through vLLM's pooling output path unchanged, whatever the task's
     usual shape, and both heads arrive in the same result.
@@ -37,10 +38,16 @@ def pack_outputs(sentiment: torch.Tensor, span: torch.Tensor) -> torch.Tensor:
     return torch.cat([sentiment.reshape(-1), span[:, 0], span[:, 1]])
 
 
-def unpack_outputs(data: torch.Tensor, num_labels: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Inverse of :func:`pack_outputs`: (sentiment logits, start logits, end logits)."""
+def unpack_outputs(
+    data: torch.Tensor, num_labels: int, pairs: int = 1
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inverse of :func:`pack_outputs`: (sentiment logits [pairs, labels], start logits, end
+    logits), the last two over all the request's tokens."""
     flat = data.reshape(-1)
-    tokens, rest = divmod(flat.numel() - num_labels, 2)
-    if rest or tokens < 1:
-        raise ValueError(f"pooled ABSA output of {flat.numel()} values does not fit {num_labels} labels")
-    return flat[:num_labels], flat[num_labels : num_labels + tokens], flat[num_labels + tokens :]
+    head = num_labels * pairs
+    tokens, rest = divmod(flat.numel() - head, 2)
+    if rest or tokens < pairs:
+        raise ValueError(
+            f"pooled ABSA output of {flat.numel()} values does not fit {pairs} pair(s) of {num_labels} labels"
+        )
+    return flat[:head].reshape(pairs, num_labels), flat[head : head + tokens], flat[head + tokens :]

@@ -30,6 +30,10 @@ class AbsaSettings:
     fallback_label: str | None = None
     # Spans scoring below this (start x end probability) are not returned.
     min_span_score: float = 0.0
+    # Packed engines (every pair of a call in one request): the per-pair token limit, since the
+    # engine's own limit is per packed request; and whether CUDA graphs run the pooler's layers.
+    max_pair_tokens: int | None = None
+    pooler_graphs: bool = True
 
     @classmethod
     def from_hf_config(cls, hf_config: Any) -> AbsaSettings:
@@ -43,7 +47,8 @@ class AbsaSettings:
             raise ValueError(f"id2label ids must be 0..n-1, got {ids}")
         labels = tuple(str(id2label[i] if i in id2label else id2label[str(i)]) for i in ids)
         known = {k: own[k] for k in ("max_pairs", "max_aspect_chars", "max_review_chars",
-                                     "max_span_tokens", "fallback_label", "min_span_score")
+                                     "max_span_tokens", "fallback_label", "min_span_score",
+                                     "max_pair_tokens", "pooler_graphs")
                  if k in own}
         settings = cls(labels=labels, thresholds=dict(own.get("thresholds") or {}), **known)
         settings.check()
@@ -53,6 +58,8 @@ class AbsaSettings:
         for name in ("max_pairs", "max_aspect_chars", "max_review_chars", "max_span_tokens"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{CONFIG_KEY}.{name} must be >= 1")
+        if self.max_pair_tokens is not None and int(self.max_pair_tokens) < 8:
+            raise ValueError(f"{CONFIG_KEY}.max_pair_tokens must be >= 8")
         unknown = set(self.thresholds) - set(self.labels)
         if self.fallback_label is not None:
             unknown |= {self.fallback_label} - set(self.labels)

@@ -8,7 +8,7 @@ itself (and :meth:`discard` on every exit path); stock ``vllm serve`` uses ``par
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,9 @@ from scoring_plugin.absa.types import (
 from scoring_plugin.errors import FieldViolation, InvalidInputError, NonFiniteOutputError
 from scoring_plugin.io_processors.base import ScoringIOProcessor
 from scoring_plugin.io_processors.engine_request import EngineRequest
+from scoring_plugin.models import PACKED_MODERNBERT_ABSA_ARCHITECTURE
 from scoring_plugin.models.absa import ABSA_TASK
+from scoring_plugin.packing import LAYOUT_KEY, PACKED_TASK, PackedRequest, pack
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +45,7 @@ class _RequestState:
     prompts: list[EncodedPair]
     # For each pair, the index of its (deduplicated) prompt.
     prompt_of_pair: list[int]
+    packed: list[PackedRequest] | None = None  # set when the engine requests are packed
 
 
 class AbsaIOProcessor(ScoringIOProcessor[AbsaInput, AbsaOutput, _RequestState]):
@@ -52,7 +55,10 @@ class AbsaIOProcessor(ScoringIOProcessor[AbsaInput, AbsaOutput, _RequestState]):
         super().__init__(vllm_config, renderer)
         model_config = vllm_config.model_config
         self.settings = AbsaSettings.from_hf_config(model_config.hf_config)
-        self.max_model_len = int(model_config.max_model_len)
+        self._packed = PACKED_MODERNBERT_ABSA_ARCHITECTURE in (model_config.hf_config.architectures or [])
+        # A packed engine's length limit is per request (all pairs of a call); pairs keep theirs.
+        self._request_tokens = int(model_config.max_model_len)
+        self.max_model_len = min(self._request_tokens, self.settings.max_pair_tokens or self._request_tokens)
         self._encoder = PairEncoder(renderer.get_tokenizer(), self.max_model_len)
 
     # ------------------------------------------------------------------ input
@@ -83,6 +89,23 @@ class AbsaIOProcessor(ScoringIOProcessor[AbsaInput, AbsaOutput, _RequestState]):
 
     def plan(self, request: AbsaInput, request_id: str) -> list[EngineRequest]:
         """Tokenizes and stores the request's state; the caller must later pop or discard it."""
+        state = self._encode(request)
+        if not self._packed:
+            self._states.put(request_id, state)
+            params = self._pooling_params()
+            return [
+                EngineRequest(TokensPrompt(prompt_token_ids=list(p.token_ids)), params) for p in state.prompts
+            ]
+        packed = pack([p.token_ids for p in state.prompts], 0, self._request_tokens)
+        self._states.put(request_id, replace(state, packed=packed))
+        return [
+            EngineRequest(
+                TokensPrompt(prompt_token_ids=r.token_ids), self._pooling_params({LAYOUT_KEY: r.layout})
+            )
+            for r in packed
+        ]
+
+    def _encode(self, request: AbsaInput) -> _RequestState:
         pairs = flatten(request)
         encoded = self._encoder.encode(pairs, request.truncation)
         prompts: list[EncodedPair] = []
@@ -92,21 +115,26 @@ class AbsaIOProcessor(ScoringIOProcessor[AbsaInput, AbsaOutput, _RequestState]):
             prompt_of_pair.append(index.setdefault(pair.token_ids, len(prompts)))
             if prompt_of_pair[-1] == len(prompts):
                 prompts.append(pair)
-        self._states.put(request_id, _RequestState(pairs, prompts, prompt_of_pair))
-        params = self._pooling_params()
-        return [
-            EngineRequest(TokensPrompt(prompt_token_ids=list(p.token_ids)), params) for p in prompts
-        ]
+        return _RequestState(pairs, prompts, prompt_of_pair)
 
-    def _pooling_params(self) -> PoolingParams:
-        return PoolingParams(task=ABSA_TASK, use_activation=False)
+    def _pooling_params(self, extra: dict[str, Any] | None = None) -> PoolingParams:
+        return PoolingParams(
+            task=PACKED_TASK if self._packed else ABSA_TASK, use_activation=False, extra_kwargs=extra
+        )
 
     # ------------------------------------------------- vLLM's standard path
 
     def pre_process(
         self, prompt: AbsaInput, request_id: str | None = None, **kwargs: Any
     ) -> Sequence[TokensPrompt]:
-        return [r.prompt for r in self.plan(prompt, self._required_id(request_id))]
+        request_id = self._required_id(request_id)
+        if not self._packed:
+            return [r.prompt for r in self.plan(prompt, request_id)]
+        # vLLM's path shares one set of pooling parameters, so no layouts: one pair per prompt,
+        # which the packed model reads as a request of one pair.
+        state = self._encode(prompt)
+        self._states.put(request_id, state)
+        return [TokensPrompt(prompt_token_ids=list(p.token_ids)) for p in state.prompts]
 
     # ----------------------------------------------------------------- output
 
@@ -117,11 +145,25 @@ class AbsaIOProcessor(ScoringIOProcessor[AbsaInput, AbsaOutput, _RequestState]):
         **kwargs: Any,
     ) -> AbsaOutput:
         state = self._states.pop(self._required_id(request_id))
-        if len(model_output) != len(state.prompts):
-            raise ValueError(f"expected {len(state.prompts)} outputs, got {len(model_output)}")
-        decoded = [
-            self._decode(p, o.outputs.data) for p, o in zip(state.prompts, model_output)
-        ]
+        data = [o.outputs.data for o in model_output]
+        expected = len(state.prompts) if state.packed is None else len(state.packed)
+        if len(data) != expected:
+            raise ValueError(f"expected {expected} outputs, got {len(data)}")
+        # The prompts behind each output: one each, or a packed request's segments in order.
+        groups = (
+            [[p] for p in range(len(state.prompts))]
+            if state.packed is None
+            else [r.prompts for r in state.packed]
+        )
+        heads: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        for prompts, output in zip(groups, data):
+            sentiment, start, end = unpack_outputs(output.cpu(), len(self.settings.labels), len(prompts))
+            lengths = [len(state.prompts[p].token_ids) for p in prompts]
+            if start.numel() != sum(lengths):
+                raise ValueError(f"expected span logits for {sum(lengths)} tokens, got {start.numel()}")
+            for p, *pair in zip(prompts, sentiment, start.split(lengths), end.split(lengths)):
+                heads[p] = tuple(pair)
+        decoded = [self._decode(prompt, *heads[p]) for p, prompt in enumerate(state.prompts)]
         results = []
         for i, (pair, p) in enumerate(zip(state.pairs, state.prompt_of_pair)):
             label, probabilities, span = decoded[p]
@@ -139,18 +181,15 @@ class AbsaIOProcessor(ScoringIOProcessor[AbsaInput, AbsaOutput, _RequestState]):
         return AbsaOutput(
             results=results,
             prompt_tokens=sum(len(p.token_ids) for p in state.prompts),
-            engine_requests=len(state.prompts),
+            engine_requests=expected,
         )
 
     def _decode(
-        self, prompt: EncodedPair, data: torch.Tensor
+        self, prompt: EncodedPair, *logits: torch.Tensor
     ) -> tuple[str, tuple[tuple[str, float], ...], TokenSpan | None]:
+        """(sentiment, start, end) logits of one pair -> label, probabilities, evidence span."""
         labels = self.settings.labels
-        sentiment, start, end = (
-            t.to(torch.float64).numpy() for t in unpack_outputs(data.cpu(), len(labels))
-        )
-        if len(start) != len(prompt.token_ids):
-            raise ValueError(f"expected span logits for {len(prompt.token_ids)} tokens, got {len(start)}")
+        sentiment, start, end = (t.to(torch.float64).numpy() for t in logits)
         if not (np.isfinite(sentiment).all() and np.isfinite(start).all() and np.isfinite(end).all()):
             raise NonFiniteOutputError("the model produced a non-finite output")
         shifted = np.exp(sentiment - sentiment.max())

@@ -2,7 +2,7 @@
 
 Two drivers use it. Our gRPC server calls :meth:`plan` and :meth:`post_process` itself,
 submitting one engine request per distinct prompt with its own pooling parameters (BERT token
-types travel there), or, for a packed model (:mod:`scoring_plugin.rerank.packing`), every pair
+types travel there), or, for a packed model (:mod:`scoring_plugin.packing`), every pair
 of the call in one engine request whose pooling parameters carry the layout. Stock ``vllm serve`` calls the standard
 ``parse_data`` -> ``pre_process`` -> ``post_process`` path, which shares one set of pooling
 parameters across prompts and so cannot carry per-pair token types: models that need them are
@@ -27,8 +27,7 @@ from scoring_plugin.errors import FieldViolation, InvalidInputError, NonFiniteOu
 from scoring_plugin.io_processors.base import ScoringIOProcessor
 from scoring_plugin.io_processors.engine_request import EngineRequest
 from scoring_plugin.models import PACKED_QWEN3_ARCHITECTURE, PAIR_BERT_ARCHITECTURE
-from scoring_plugin.models.packed_qwen3 import PACKED_TASK
-from scoring_plugin.rerank.packing import LAYOUT_KEY, PackedRequest, pack
+from scoring_plugin.packing import LAYOUT_KEY, PACKED_TASK, PackedRequest, pack
 from scoring_plugin.rerank.prompts import EnginePrompt, PromptBuilder, RerankPlan
 from scoring_plugin.rerank.settings import RerankMode, RerankSettings
 from scoring_plugin.rerank.similarity import activate, cosine, cross_encoder_logit, max_sim

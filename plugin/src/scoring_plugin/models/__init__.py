@@ -7,10 +7,16 @@ from vllm import ModelRegistry
 PAIR_BERT_ARCHITECTURE = "ScoringPairBertForSequenceClassification"
 # Serves Qwen3ForSequenceClassification checkpoints with every pair of a call in one request.
 PACKED_QWEN3_ARCHITECTURE = "ScoringPackedQwen3ForSequenceClassification"
-PACKABLE_ARCHITECTURES = {"Qwen3ForSequenceClassification": PACKED_QWEN3_ARCHITECTURE}
 COLBERT_ARCHITECTURE = "ScoringColBERTModel"
 ABSA_BERT_ARCHITECTURE = "BertForAspectSentiment"
 ABSA_MODERNBERT_ARCHITECTURE = "ModernBertForAspectSentiment"
+# Serves ModernBertForAspectSentiment checkpoints with every pair of a call in one request.
+PACKED_MODERNBERT_ABSA_ARCHITECTURE = "ScoringPackedModernBertForAspectSentiment"
+# Per served kind: a checkpoint's architecture -> the one that serves it packed (`pack_pairs`).
+PACKABLE_ARCHITECTURES = {
+    "rerank": {"Qwen3ForSequenceClassification": PACKED_QWEN3_ARCHITECTURE},
+    "absa": {ABSA_MODERNBERT_ARCHITECTURE: PACKED_MODERNBERT_ABSA_ARCHITECTURE},
+}
 ABSA_ARCHITECTURES = (ABSA_BERT_ARCHITECTURE, ABSA_MODERNBERT_ARCHITECTURE)
 IMAGE_RANK_ARCHITECTURE = "ClipImageRanker"
 _MODELS = {
@@ -19,6 +25,7 @@ _MODELS = {
     COLBERT_ARCHITECTURE: "scoring_plugin.models.colbert:ScoringColBERTModel",
     ABSA_BERT_ARCHITECTURE: "scoring_plugin.models.absa:BertForAspectSentiment",
     ABSA_MODERNBERT_ARCHITECTURE: "scoring_plugin.models.absa:ModernBertForAspectSentiment",
+    PACKED_MODERNBERT_ABSA_ARCHITECTURE: "scoring_plugin.models.packed_modernbert:PackedModernBertForAspectSentiment",
     IMAGE_RANK_ARCHITECTURE: "scoring_plugin.models.image_ranker:ClipImageRanker",
 }
 

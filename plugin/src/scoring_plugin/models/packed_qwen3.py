@@ -1,5 +1,5 @@
 """A Qwen3 cross-encoder that scores every pair of a packed request (see
-:mod:`scoring_plugin.rerank.packing`) with attention kept inside each pair.
+:mod:`scoring_plugin.packing`) with attention kept inside each pair.
 
 vLLM hands per-request parameters to the pooler, never to ``forward``; the layout of a packed
 request lives in its pooling parameters. So ``forward`` only embeds the tokens, and the pooler
@@ -19,12 +19,10 @@ one step: the server turns chunked prefill and prefix caching off for it.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Iterable, Set
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import Qwen3Config
 from vllm.config import VllmConfig
@@ -47,77 +45,12 @@ from vllm.v1.pool.metadata import PoolingMetadata
 
 from scoring_plugin.models.layer_graphs import LayerGraphs, run_eager
 from scoring_plugin.models.loading import load_all_weights
+from scoring_plugin.models.packed_attention import DevicePlan, PairAttention
 from scoring_plugin.models.pooling_step import whole_request_lengths
-from scoring_plugin.rerank.packing import AttentionPlan, layout_of
+from scoring_plugin.packing import PACKED_TASK, AttentionPlan, layout_of
 from scoring_plugin.rerank.settings import RerankSettings
 
-PACKED_TASK: PoolingTask = "plugin"
 logger = logging.getLogger(__name__)
-
-
-class DevicePlan:
-    """An :class:`AttentionPlan` on the model's device, built once per step."""
-
-    def __init__(self, plan: AttentionPlan, device: torch.device) -> None:
-        self.plan = plan
-        self.positions = torch.from_numpy(plan.positions).to(device, non_blocking=True)
-        self.kv_index = torch.from_numpy(plan.kv_index).to(device, non_blocking=True)
-        self.cu_q = torch.from_numpy(plan.cu_q).to(device, non_blocking=True)
-        self.cu_k = torch.from_numpy(plan.cu_k).to(device, non_blocking=True)
-        self.score_rows = torch.from_numpy(plan.score_rows).to(device, non_blocking=True)
-
-
-@functools.cache
-def _flash_varlen() -> tuple[object, int | None] | None:
-    """vLLM's flash-attention build and the version it picks for this GPU, where there is one."""
-    if not torch.cuda.is_available():
-        return None
-    try:
-        from vllm.v1.attention.backends.fa_utils import get_flash_attn_version
-        from vllm.vllm_flash_attn import flash_attn_varlen_func
-    except ImportError:
-        return None
-    return flash_attn_varlen_func, get_flash_attn_version()
-
-
-class PairAttention(nn.Module):
-    """Causal attention inside each query group of the step's plan, grouped-query heads."""
-
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.scale = head_dim**-0.5
-        self._flash = _flash_varlen()
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DevicePlan, out: torch.Tensor) -> None:
-        """Writes the attention of the plan's rows into ``out`` ([tokens, heads * head_dim])."""
-        tokens = q.shape[0]
-        q = q.view(tokens, self.num_heads, self.head_dim)
-        k = k.view(tokens, self.num_kv_heads, self.head_dim).index_select(0, plan.kv_index)
-        v = v.view(tokens, self.num_kv_heads, self.head_dim).index_select(0, plan.kv_index)
-        out = out.view(tokens, self.num_heads, self.head_dim)
-        if self._flash is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
-            varlen, version = self._flash
-            kwargs = {} if version is None else {"fa_version": version}
-            varlen(  # type: ignore[operator]
-                q, k, v, plan.plan.max_q, plan.cu_q, plan.plan.max_k, plan.cu_k,
-                softmax_scale=self.scale, causal=True, out=out, **kwargs,
-            )
-        else:
-            self._per_group(q, k, v, plan.plan, out)
-
-    def _per_group(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: AttentionPlan, out: torch.Tensor
-    ) -> None:
-        cu_q, cu_k = plan.cu_q.tolist(), plan.cu_k.tolist()
-        for g in range(len(cu_q) - 1):
-            qs, qe, ks, ke = cu_q[g], cu_q[g + 1], cu_k[g], cu_k[g + 1]
-            # Causal, aligned to the group's end: query i sees the keys up to its own token.
-            mask = torch.ones(qe - qs, ke - ks, dtype=torch.bool, device=q.device).tril(ke - ks - (qe - qs))
-            out[qs:qe] = F.scaled_dot_product_attention(
-                q[qs:qe].transpose(0, 1), k[ks:ke].transpose(0, 1), v[ks:ke].transpose(0, 1),
-                attn_mask=mask, scale=self.scale, enable_gqa=True,
-            ).transpose(0, 1)
 
 
 class PackedQwen3Attention(nn.Module):

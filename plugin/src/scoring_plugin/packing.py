@@ -1,13 +1,14 @@
-"""Every pair of a rerank call in one engine request, with attention that never crosses pairs.
+"""Every pair of a call in one engine request, with attention that never crosses pairs.
 
 vLLM's per-request cost (scheduling, IPC, output handling) was the wall of the one-request-per-pair
 path on the H200, not the forward pass. A causal cross-encoder allows more than packing: every pair
 of a call starts with the same head (prompt prefix + query), and a causal model's states for those
-tokens cannot depend on what follows. So a packed request is the head once, then each pair's
-remainder (document + suffix), and its *layout* ``[head_len, segment_len, ...]`` travels in the
-request's pooling parameters. The packed model attends from each segment to the head and to the
-segment itself only, with the positions the pair would have alone: exactly the arithmetic of the
-pair scored by itself, minus the repeated head.
+tokens cannot depend on what follows. So a packed rerank request is the head once, then each
+pair's remainder (document + suffix), and its *layout* ``[head_len, segment_len, ...]`` travels in
+the request's pooling parameters. The packed model attends from each segment to the head and to
+the segment itself only, with the positions the pair would have alone: exactly the arithmetic of
+the pair scored by itself, minus the repeated head. A bidirectional encoder (ABSA) shares nothing:
+its layouts have an empty head, and each segment is a whole pair.
 
 This module holds both halves: :func:`pack` (IO processor side) and :class:`AttentionPlan` (model
 side: which keys each query group may read, the positions, where each segment's score is read).
@@ -19,9 +20,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from vllm.tasks import PoolingTask
 
 # PoolingParams.extra_kwargs key carrying a packed request's layout.
 LAYOUT_KEY = "pair_layout"
+# The pooling task of packed requests: the V1 runner hands the pooler's tensors back as they are.
+PACKED_TASK: PoolingTask = "plugin"
 
 
 @dataclass(frozen=True, slots=True)

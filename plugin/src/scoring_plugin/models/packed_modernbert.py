@@ -1,0 +1,232 @@
+"""A ModernBERT ABSA model that analyses every pair of a packed request (see
+:mod:`scoring_plugin.packing`) with attention kept inside each pair.
+
+Same checkpoint as ``ModernBertForAspectSentiment``. One pair per engine request cost a call of
+8 pairs two engine steps and ~35 ms on the H200, most of it vLLM's per-request path; packed, a
+call is one request and one step. As in :mod:`scoring_plugin.models.packed_qwen3`, ``forward``
+only embeds (the layout of a request reaches the pooler alone) and the pooler runs the encoder:
+bidirectional attention within each pair, ModernBERT's local layers within their window, the
+positions each pair would have alone, on CUDA as piecewise graphs between attentions. The
+pooled result of a request holds both heads for all its pairs
+(:func:`scoring_plugin.absa.heads.pack_outputs`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Set
+
+import torch
+from torch import nn
+from transformers import ModernBertConfig
+from vllm.config import VllmConfig
+from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.model_executor.layers.activation import GeluAndMul
+from vllm.model_executor.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from vllm.model_executor.layers.pooler import Pooler
+from vllm.model_executor.layers.rotary_embedding import get_rope
+from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+from vllm.model_executor.models.interfaces import IsAttentionFree
+from vllm.model_executor.models.interfaces_base import attn_type
+from vllm.model_executor.models.utils import WeightsMapper
+from vllm.platforms import current_platform
+from vllm.sequence import IntermediateTensors
+from vllm.tasks import PoolingTask
+from vllm.v1.outputs import PoolerOutput
+from vllm.v1.pool.metadata import PoolingMetadata
+
+from scoring_plugin.absa.heads import AbsaHeads, pack_outputs
+from scoring_plugin.absa.settings import AbsaSettings
+from scoring_plugin.models.layer_graphs import LayerGraphs, run_eager
+from scoring_plugin.models.loading import load_all_weights
+from scoring_plugin.models.packed_attention import DevicePlan, PairAttention
+from scoring_plugin.models.pooling_step import whole_request_lengths
+from scoring_plugin.packing import PACKED_TASK, AttentionPlan, layout_of
+
+# ModernBERT's activations as vLLM's fused act-and-mul kernels (one pass over the MLP's input).
+_GELU_APPROXIMATION = {"gelu": "none", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}
+
+
+class PackedModernBertAttention(nn.Module):
+    def __init__(self, config: ModernBertConfig, layer_id: int, prefix: str) -> None:
+        super().__init__()
+        tp = get_tensor_model_parallel_world_size()
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        heads = config.num_attention_heads // tp
+        self.width = heads * self.head_dim
+        self.Wqkv = QKVParallelLinear(
+            config.hidden_size, self.head_dim, config.num_attention_heads,
+            bias=config.attention_bias, prefix=f"{prefix}.Wqkv",
+        )
+        self.Wo = RowParallelLinear(
+            config.hidden_size, config.hidden_size, bias=config.attention_bias, prefix=f"{prefix}.Wo"
+        )
+        layer_type = config.layer_types[layer_id]
+        self.rotary_emb = get_rope(
+            self.head_dim, max_position=config.max_position_embeddings,
+            rope_parameters=config.rope_parameters[layer_type],
+        )
+        # `sliding_window` is ModernBERT's half window: token i sees j when |i - j| <= it.
+        window = config.sliding_window if layer_type == "sliding_attention" else None
+        self.attn = PairAttention(heads, heads, self.head_dim, causal=False, window=window)
+
+    def qkv(self, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        qkv, _ = self.Wqkv(hidden)
+        q, k, v = qkv.split([self.width] * 3, dim=-1)
+        q, k = self.rotary_emb(positions, q, k)
+        return q, k, v
+
+
+class PackedModernBertMLP(nn.Module):
+    def __init__(self, config: ModernBertConfig, prefix: str) -> None:
+        super().__init__()
+        approximation = _GELU_APPROXIMATION.get(config.hidden_activation)
+        if approximation is None:
+            raise ValueError(
+                f"packed ModernBERT supports hidden_activation {sorted(_GELU_APPROXIMATION)}, "
+                f"the checkpoint has {config.hidden_activation!r}"
+            )
+        self.Wi = MergedColumnParallelLinear(
+            config.hidden_size, [config.intermediate_size] * 2, bias=config.mlp_bias, prefix=f"{prefix}.Wi"
+        )
+        self.act = GeluAndMul(approximate=approximation)
+        self.Wo = RowParallelLinear(
+            config.intermediate_size, config.hidden_size, bias=config.mlp_bias, prefix=f"{prefix}.Wo"
+        )
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        gate_up, _ = self.Wi(hidden)
+        out, _ = self.Wo(self.act(gate_up))
+        return out
+
+
+class PackedModernBertLayer(nn.Module):
+    """A pre-norm ModernBERT layer cut at its attention (:class:`~.layer_graphs.SplitLayer`).
+    Its residual stream is the layer input itself, threaded through as ``residual``."""
+
+    def __init__(self, config: ModernBertConfig, layer_id: int, prefix: str) -> None:
+        super().__init__()
+        self.attn_norm: nn.Module = (
+            nn.Identity()
+            if layer_id == 0
+            else nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+        )
+        self.attn = PackedModernBertAttention(config, layer_id, f"{prefix}.attn")
+        self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+        self.mlp = PackedModernBertMLP(config, f"{prefix}.mlp")
+
+    def attention_inputs(
+        self, hidden: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v = self.attn.qkv(self.attn_norm(hidden), positions)
+        return q, k, v, hidden
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DevicePlan, out: torch.Tensor) -> None:
+        self.attn.attn(q, k, v, plan, out)
+
+    def finish(self, attn: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        projected, _ = self.attn.Wo(attn)
+        hidden = residual + projected
+        hidden = hidden + self.mlp(self.mlp_norm(hidden))
+        return hidden, hidden
+
+
+class PackedAbsaPooler(Pooler):
+    """The encoder layers, the final norm and both ABSA heads, run over the pooled step; the
+    layers as piecewise CUDA graphs when ``graph_tokens`` (the step's token limit) is given."""
+
+    def __init__(
+        self, config: ModernBertConfig, head_dtype: torch.dtype, prefix: str, graph_tokens: int | None
+    ) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            PackedModernBertLayer(config, i, f"{prefix}.layers.{i}") for i in range(config.num_hidden_layers)
+        )
+        self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+        self.heads = AbsaHeads(config.hidden_size, config.num_labels, dtype=head_dtype)
+        self.head_dtype = head_dtype
+        self.attn_width = self.layers[0].attn.width
+        self.graphs = (
+            None
+            if graph_tokens is None
+            else LayerGraphs(list(self.layers), config.hidden_size, self.attn_width, graph_tokens)
+        )
+
+    def get_supported_tasks(self) -> Set[PoolingTask]:
+        return {PACKED_TASK}
+
+    def forward(self, hidden_states: torch.Tensor, pooling_metadata: PoolingMetadata) -> PoolerOutput:
+        counts = whole_request_lengths(
+            pooling_metadata, "a packed ABSA request arrived in pieces; chunked prefill must be off"
+        )
+        layouts = [layout_of(p.extra_kwargs, n) for p, n in zip(pooling_metadata.pooling_params, counts)]
+        if any(layout[0] for layout in layouts):
+            raise ValueError("packed ABSA requests have no shared head: every segment is a whole pair")
+        # Anything past the scheduled tokens is padding: never part of a result.
+        hidden_states = hidden_states[: sum(counts)]
+        plan = DevicePlan(AttentionPlan.build(layouts), hidden_states.device)
+        if self.graphs is not None and hidden_states.shape[0] <= self.graphs.max_tokens:
+            hidden, _ = self.graphs.run(hidden_states, plan.positions, plan)
+        else:
+            hidden, _ = run_eager(list(self.layers), hidden_states, plan.positions, plan, self.attn_width)
+        hidden = self.final_norm(hidden).to(self.head_dtype)
+        # With no head, query group g is segment g: its first row is the pair's [CLS].
+        sentiment = self.heads.sentiment_logits(hidden.index_select(0, plan.cu_q[:-1].long()))
+        span = self.heads.span_logits(hidden)
+        pairs = [len(layout) - 1 for layout in layouts]
+        return [pack_outputs(s, t) for s, t in zip(sentiment.split(pairs), span.split(counts))]
+
+
+_MAPPER = WeightsMapper(
+    orig_to_new_prefix={
+        "model.embeddings.": "embeddings.",
+        "model.layers.": "pooler.layers.",
+        "model.final_norm.": "pooler.final_norm.",
+        "heads.": "pooler.heads.",
+    },
+)
+
+
+class PackedModernBertEmbeddings(nn.Module):
+    def __init__(self, config: ModernBertConfig) -> None:
+        super().__init__()
+        self.tok_embeddings = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.tok_embeddings(input_ids))
+
+
+@attn_type("attention_free")
+class PackedModernBertForAspectSentiment(nn.Module, IsAttentionFree):
+    is_pooling_model = True
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__()
+        config: ModernBertConfig = vllm_config.model_config.hf_config
+        self.embeddings = PackedModernBertEmbeddings(config)
+        graphs = (
+            AbsaSettings.from_hf_config(config).pooler_graphs
+            and current_platform.is_cuda()
+            and get_tensor_model_parallel_world_size() == 1
+        )
+        graph_tokens = vllm_config.scheduler_config.max_num_batched_tokens if graphs else None
+        self.pooler = PackedAbsaPooler(config, vllm_config.model_config.head_dtype, "pooler", graph_tokens)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embeddings.tok_embeddings(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs: object,
+    ) -> torch.Tensor:
+        if inputs_embeds is not None:
+            return self.embeddings.norm(inputs_embeds)
+        assert input_ids is not None
+        return self.embeddings(input_ids)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        return load_all_weights(self, weights, _MAPPER)

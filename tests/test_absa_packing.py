@@ -1,0 +1,178 @@
+"""Packed ABSA: every pair of a call in one engine request, on the packed ModernBERT
+(scoring_plugin.models.packed_modernbert).
+
+The unit tests pin bidirectional attention kept inside each pair, with and without a local
+window; the engine tests start ONE packed engine in-process on the demo ModernBERT ABSA
+checkpoint (local window of 16 tokens, shorter than most pairs, so the windowed layers matter)
+and check that packing changes how pairs travel, never what they get.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from scoring_plugin.absa.settings import OVERRIDES_KEY
+from scoring_plugin.absa.types import AbsaInput, AbsaOutput, AbsaPairInput
+from scoring_plugin.io_processors.absa import AbsaIOProcessor
+from scoring_plugin.io_processors.engine_request import EngineRequest
+from scoring_plugin.models import PACKED_MODERNBERT_ABSA_ARCHITECTURE
+from scoring_plugin.models.packed_attention import DevicePlan, PairAttention
+from scoring_plugin.packing import LAYOUT_KEY, AttentionPlan
+from scoring_plugin.reference.absa import AbsaReference
+from scoring_server.config import ModelKind, ModelSettings
+from scoring_server.demo.absa import sample_absa_pairs
+
+from engine_harness import InProcessEngine, in_process_engine
+
+# ------------------------------------------------------------------------------------ attention
+
+
+def _alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Plain bidirectional attention of one pair, (tokens, heads, dim), |i - j| <= window."""
+    rows = torch.arange(q.shape[0])
+    mask = None if window is None else (rows[:, None] - rows[None, :]).abs() <= window
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask)
+    return out.transpose(0, 1)
+
+
+@pytest.mark.parametrize("lengths", [[5], [3, 9, 4], [20, 1, 7]])
+@pytest.mark.parametrize("window", [None, 2])
+def test_bidirectional_pair_attention_equals_each_pair_alone(lengths: list[int], window: int | None) -> None:
+    torch.manual_seed(0)
+    heads, dim = 2, 8
+    tokens = sum(lengths)
+    q, k, v = (torch.randn(tokens, heads, dim, dtype=torch.float64) for _ in range(3))
+    out = torch.empty(tokens, heads * dim, dtype=torch.float64)
+    plan = DevicePlan(AttentionPlan.build([[0, *lengths]]), torch.device("cpu"))
+    attention = PairAttention(heads, heads, dim, causal=False, window=window)
+    attention(*(t.reshape(tokens, -1) for t in (q, k, v)), plan, out)
+    packed = out.view(tokens, heads, dim)
+    start = 0
+    for length in lengths:
+        rows = slice(start, start + length)
+        torch.testing.assert_close(packed[rows], _alone(q[rows], k[rows], v[rows], window), rtol=0, atol=1e-12)
+        start += length
+
+
+def test_a_window_needs_bidirectional_attention() -> None:
+    with pytest.raises(ValueError, match="bidirectional"):
+        PairAttention(2, 2, 8, causal=True, window=4)
+
+
+# ------------------------------------------------------------------------------------ settings
+
+
+def test_pack_pairs_maps_modernbert_absa_only(demo_models: dict[str, ModelSettings]) -> None:
+    """The packed architecture replaces the checkpoint's; a checkpoint with no packed twin fails
+    by name, before any engine starts."""
+    modernbert = ModelSettings(
+        name="m", kind=ModelKind.ABSA, path=demo_models["absa-modernbert"].path, dtype="float32", pack_pairs=True
+    )
+    overrides = modernbert.effective_hf_overrides()
+    assert overrides["architectures"] == [PACKED_MODERNBERT_ABSA_ARCHITECTURE]
+    assert overrides[OVERRIDES_KEY]["pooler_graphs"] is True
+    bert = modernbert.model_copy(update={"path": demo_models["absa-bert"].path})
+    with pytest.raises(ValueError, match="BertForAspectSentiment"):
+        bert.effective_hf_overrides()
+    with pytest.raises(ValueError, match="pack_pairs"):
+        ModelSettings(
+            name="i", kind=ModelKind.IMAGE_RANK, path=demo_models["image-ranker"].path, dtype="float32",
+            pack_pairs=True,
+        )
+
+
+# ---------------------------------------------------------------------------------- packed engine
+
+PACK_TOKENS = 1024
+PROB_TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def packed(demo_models: dict[str, ModelSettings]) -> Iterator[InProcessEngine]:
+    """ONE packed ABSA engine for the module (start ~30 s on CPU), shut down at the end."""
+    settings = ModelSettings(
+        name="absa-modernbert-packed", kind=ModelKind.ABSA, path=demo_models["absa-modernbert"].path,
+        dtype="float32", pack_pairs=True, pack_tokens=PACK_TOKENS,
+    )
+    with in_process_engine(settings) as engine:
+        assert isinstance(engine.processor, AbsaIOProcessor)
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def reference(demo_models: dict[str, ModelSettings]) -> AbsaReference:
+    return AbsaReference(Path(demo_models["absa-modernbert"].path))
+
+
+def _analyze(packed: InProcessEngine, pairs: list[tuple[str, str]]) -> tuple[list[EngineRequest], AbsaOutput]:
+    return packed.run(AbsaInput(pairs=[AbsaPairInput(aspect=a, review=r) for a, r in pairs]))
+
+
+def _layouts(requests: list[EngineRequest]) -> list[list[int]]:
+    layouts = []
+    for r in requests:
+        layout = (r.params.extra_kwargs or {}).get(LAYOUT_KEY)
+        assert layout is not None, "a packed engine request must carry its pair layout"
+        assert layout[0] == 0 and sum(layout) == len(r.prompt["prompt_token_ids"]) <= PACK_TOKENS
+        layouts.append(list(layout))
+    return layouts
+
+
+def _assert_matches(output: AbsaOutput, expected: list, where: str) -> None:
+    assert len(output.results) == len(expected)
+    for i, (a, e) in enumerate(zip(output.results, expected)):
+        assert a.label == e.label, f"{where} pair {i}"
+        assert ((a.span.start, a.span.end) if a.span else None) == e.span, f"{where} pair {i}"
+        for (_, p_a), p_e in zip(a.probabilities, e.probabilities, strict=True):
+            assert abs(p_a - p_e) <= PROB_TOLERANCE, f"{where} pair {i}"
+
+
+def _pairs(count: int, seed: int) -> list[tuple[str, str]]:
+    return [(row["aspect"], row["review"]) for row in sample_absa_pairs(count, seed=seed)]
+
+
+def test_one_call_is_one_engine_request_matching_the_reference(
+    packed: InProcessEngine, reference: AbsaReference
+) -> None:
+    pairs = _pairs(8, seed=3)
+    requests, output = _analyze(packed, pairs)
+    layouts = _layouts(requests)
+    assert len(layouts) == 1 and len(layouts[0]) == 1 + len(pairs)
+    assert output.engine_requests == 1
+    assert max(layouts[0][1:]) > 2 * 8 + 1, "some pair must outgrow the local window"
+    _assert_matches(output, reference.analyze(pairs, batch_size=8), "batched")
+    for i, pair in enumerate(pairs):  # each alone: a packed request of one pair
+        _, alone = _analyze(packed, [pair])
+        _assert_matches(alone, reference.analyze([pair]), f"alone {i}")
+
+
+def test_pairs_beyond_the_budget_take_several_requests(packed: InProcessEngine, reference: AbsaReference) -> None:
+    pairs = _pairs(40, seed=5)
+    requests, output = _analyze(packed, pairs)
+    layouts = _layouts(requests)
+    assert len(layouts) >= 2 and output.engine_requests == len(layouts)
+    assert sum(len(layout) - 1 for layout in layouts) == len(pairs)  # no duplicates in this draw
+    _assert_matches(output, reference.analyze(pairs, batch_size=16), "several requests")
+    labels = {r.label for r in output.results}
+    assert len(labels) >= 2, f"random weights must not give one label everywhere: {labels}"
+    assert sum(r.span is not None for r in output.results) >= len(pairs) // 2
+
+
+def test_duplicates_run_once_and_get_identical_results(packed: InProcessEngine) -> None:
+    pairs = _pairs(3, seed=9)
+    requests, output = _analyze(packed, pairs + pairs[:2])
+    assert len(_layouts(requests)[0]) == 1 + len(pairs)
+    for first, again in zip(output.results[:2], output.results[3:]):
+        assert (first.label, first.probabilities, first.span) == (again.label, again.probabilities, again.span)
+
+
+def test_no_request_state_is_left_behind(packed: InProcessEngine) -> None:
+    processor = packed.processor
+    assert processor.pending_states == 0
+    _analyze(packed, _pairs(4, seed=11))
+    assert processor.pending_states == 0
