@@ -5,7 +5,9 @@ spans: less work than ours) vs Hugging Face, one run.
 Same model shape (ModernBERT-large: 28 layers, hidden 1024, local + global attention; random
 weights: speed does not depend on weight values), same generated pairs (aspects of 1-2 words,
 reviews of 30-90 words; the bench tokenizer knows each word as one token), 8 pairs per request,
-same dtype, same GPU. Closed-loop load (see harness.py).
+same dtype, same GPU. Closed-loop load (see harness.py). Our server packs every pair of a call
+into one engine request (`pack_pairs`; `--no-pack` turns it off, `grpc-unpacked` adds the
+unpacked server to the same run).
 
     python bench/absa.py --out bench/results                      # GPU, bf16
     python bench/absa.py --scenario fp32 --out bench/results      # GPU, fp32 (eager)
@@ -64,13 +66,16 @@ class Scenario:
     enforce_eager: bool
     gpu_memory_utilization: float
     hf_batch: int
+    # Our server: every pair of a call in one engine request (pack_pairs), up to this many tokens.
+    pack_pairs: bool = True
+    pack_tokens: int = 16384
 
 
 SCENARIOS = {
     "bf16": Scenario("modernbert-large-shaped", "bfloat16", 1024, 28, 16, 2624, 8, [1, 8, 32], 15.0, False, 0.3, 128),
     "fp32": Scenario("modernbert-large-shaped", "float32", 1024, 28, 16, 2624, 8, [1, 8, 32], 15.0, True, 0.3, 64),
 }
-CPU_SMOKE = Scenario("modernbert-tiny", "float32", 128, 3, 2, 192, 4, [1, 2], 2.0, True, 0.05, 8)
+CPU_SMOKE = Scenario("modernbert-tiny", "float32", 128, 3, 2, 192, 4, [1, 2], 2.0, True, 0.05, 8, True, 2048)
 
 
 def build_models(scenario: Scenario, work: Path) -> tuple[Path, Path]:
@@ -136,7 +141,9 @@ async def drive(system: str, send, requests: list[Pairs], scenario: Scenario, se
             for c in scenario.concurrency]
 
 
-async def bench_grpc(model: Path, scenario: Scenario, requests: list[Pairs], work: Path) -> list[Level]:
+async def bench_grpc(
+    model: Path, scenario: Scenario, requests: list[Pairs], work: Path, packed: bool, system: str
+) -> list[Level]:
     import grpc
     import yaml
 
@@ -150,7 +157,7 @@ async def bench_grpc(model: Path, scenario: Scenario, requests: list[Pairs], wor
     config.write_text(yaml.safe_dump({"port": port, "host": "127.0.0.1", "models": [{
         "name": "absa", "kind": "absa", "path": str(model), "dtype": scenario.dtype,
         "max_model_len": 512, "gpu_memory_utilization": scenario.gpu_memory_utilization,
-        "engine_args": engine_args,
+        "engine_args": engine_args, "pack_pairs": packed, "pack_tokens": scenario.pack_tokens,
     }]}))
     log("grpc: starting our server")
     server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], work / "absa-grpc-server.log")
@@ -165,7 +172,7 @@ async def bench_grpc(model: Path, scenario: Scenario, requests: list[Pairs], wor
                 assert len(response.results) == len(pairs)
                 return response.usage.prompt_tokens
 
-            return await drive("grpc (ours)", send, requests, scenario, server.pid)
+            return await drive(system, send, requests, scenario, server.pid)
     finally:
         stop(server)
 
@@ -276,6 +283,7 @@ async def main_async(args: argparse.Namespace) -> Report:
     scenario = CPU_SMOKE if args.cpu_smoke else SCENARIOS[args.scenario]
     if args.seconds_per_level:
         scenario.seconds_per_level = args.seconds_per_level
+    scenario.pack_pairs = not args.no_pack
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     absa, twin = build_models(scenario, work)
@@ -286,7 +294,10 @@ async def main_async(args: argparse.Namespace) -> Report:
     if "hf" in systems:
         report.hf_items_per_s = bench_hf(absa, scenario, requests)
     if "grpc" in systems:
-        report.levels += await bench_grpc(absa, scenario, requests, work)
+        label = "grpc (ours)" if scenario.pack_pairs else "grpc (ours, unpacked)"
+        report.levels += await bench_grpc(absa, scenario, requests, work, scenario.pack_pairs, label)
+    if "grpc-unpacked" in systems and scenario.pack_pairs:
+        report.levels += await bench_grpc(absa, scenario, requests, work, False, "grpc (ours, unpacked)")
     if "plugin" in systems:
         report.levels += await bench_http("vllm serve /pooling + plugin", absa, scenario, requests, work,
                                           ["--io-processor-plugin", "absa"], plugin_pooling)
@@ -300,7 +311,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu-smoke", action="store_true")
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="bf16")
-    parser.add_argument("--systems", default="hf,grpc,plugin,classify")
+    parser.add_argument("--systems", default="hf,grpc,plugin,classify", help="of hf,grpc,grpc-unpacked,plugin,classify")
+    parser.add_argument("--no-pack", action="store_true", help="our server without pair packing")
     parser.add_argument("--seconds-per-level", type=float, help="override the scenario's")
     parser.add_argument("--work", default="/tmp/scoring-bench")
     parser.add_argument("--out", default="bench/results")

@@ -61,6 +61,7 @@ def test_absa_bench_cpu_smoke(tmp_path: Path) -> None:
     out = tmp_path / "results"
     done = subprocess.run(
         [sys.executable, str(REPO / "bench" / "absa.py"), "--cpu-smoke",
+         "--systems", "hf,grpc,grpc-unpacked,plugin,classify",
          "--out", str(out), "--work", str(tmp_path / "work")],
         capture_output=True, text=True, timeout=1200, env=tool_env(),
     )
@@ -68,7 +69,11 @@ def test_absa_bench_cpu_smoke(tmp_path: Path) -> None:
     (report_file,) = out.glob("absa-*.json")
     report = json.loads(report_file.read_text())
     systems = {level["system"] for level in report["levels"]}
-    assert systems == {"grpc (ours)", "vllm serve /pooling + plugin", "vllm serve /classify (stock, sentiment only)"}
+    assert systems == {
+        "grpc (ours)", "grpc (ours, unpacked)", "vllm serve /pooling + plugin",
+        "vllm serve /classify (stock, sentiment only)",
+    }
+    assert report["scenario"]["pack_pairs"] is True
     assert report["hf_items_per_s"] > 0
     for level in report["levels"]:
         assert level["errors"] == 0 and level["requests"] > 0

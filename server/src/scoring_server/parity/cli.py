@@ -37,7 +37,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--engine-args", type=json.loads, default={})
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--pack-pairs", action="store_true",
-                        help="rerank: check the packed path (every pair of a call in one engine request)")
+                        help="Qwen3 rerankers, ModernBERT ABSA: check the packed path (every pair of a call in one engine request)")
     parser.add_argument("--json", type=Path, help="also write the report here")
     parser.add_argument("--min-match", type=float, default=1.0,
                         help="fraction of labels/spans/orderings that must match (fp32 reference vs plugin)")

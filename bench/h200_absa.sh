@@ -1,0 +1,28 @@
+#!/bin/sh
+# The ABSA measurements of one H200 staging (`../shared/gpu/README.md` stages vLLM first);
+# results and logs land in $OUT.
+#   sh bench/h200_absa.sh parity    # packed path vs the HF reference, bf16 served (fp32 gated)
+#   sh bench/h200_absa.sh systems   # ours packed, ours unpacked, stock /classify in one run
+set -eu
+sh .gpu/bin/install.sh >/dev/null
+. .gpu/bin/env.sh
+python3 -m pip install -q --no-deps --upgrade --target /tmp/site .whl/*.whl
+export VLLM_WORKER_MULTIPROC_METHOD=spawn
+cd bench
+case "$1" in
+parity)
+    python3 -c "
+import json; from pathlib import Path; import absa
+model, _ = absa.build_models(absa.SCENARIOS['bf16'], Path('/tmp/bw'))
+rows = [{'aspect': a, 'review': r} for call in absa.make_requests(8, 8, seed=3) for a, r in call]
+Path('/tmp/absa-pairs.jsonl').write_text(''.join(json.dumps(row) + '\n' for row in rows))
+print(model)"
+    python3 -m scoring_server.parity --checkpoint /tmp/bw/absa-modernbert-large-shaped-bfloat16 \
+        --inputs /tmp/absa-pairs.jsonl --dtype bfloat16 --pack-pairs --max-model-len 512 \
+        --json "$OUT/absa-parity-packed-h200-bf16.json" 2>&1 | tail -32
+    ;;
+systems)
+    python3 absa.py --systems "${2:-grpc,grpc-unpacked,classify}" --seconds-per-level 10 --work /tmp/bw \
+        --out "$OUT" 2>&1 | tail -30
+    ;;
+esac
