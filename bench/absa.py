@@ -37,6 +37,7 @@ from harness import (
     mib,
     offline_rate,
     ratio,
+    stage_table,
     start,
     stop,
     vllm_serve_command,
@@ -133,11 +134,12 @@ def tokens_per_pair(model: Path, requests: list[Pairs]) -> float:
     return statistics.mean(len(tokenizer(a, r)["input_ids"]) for pairs in requests[:20] for a, r in pairs)
 
 
-async def drive(system: str, send, requests: list[Pairs], scenario: Scenario, server_pid: int) -> list[Level]:  # type: ignore[no-untyped-def]
+async def drive(system: str, send, requests: list[Pairs], scenario: Scenario, server_pid: int,  # type: ignore[no-untyped-def]
+                metrics_url: str) -> list[Level]:
     n = scenario.pairs_per_request
     log(f"{system}: warm-up")
     await closed_loop(send, requests, n, max(scenario.concurrency), min(5.0, scenario.seconds_per_level), system + "-warmup")
-    return [await closed_loop(send, requests, n, c, scenario.seconds_per_level, system, server_pid)
+    return [await closed_loop(send, requests, n, c, scenario.seconds_per_level, system, server_pid, metrics_url)
             for c in scenario.concurrency]
 
 
@@ -149,12 +151,12 @@ async def bench_grpc(
 
     from scoring.v1 import absa_pb2, absa_pb2_grpc
 
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     config = work / "absa-grpc-server.yaml"
     engine_args: dict[str, Any] = {"enforce_eager": scenario.enforce_eager}
     if scenario is CPU_SMOKE:
         engine_args["kv_cache_memory_bytes"] = 64 * 1024 * 1024
-    config.write_text(yaml.safe_dump({"port": port, "host": "127.0.0.1", "models": [{
+    config.write_text(yaml.safe_dump({"port": port, "host": "127.0.0.1", "metrics_port": metrics_port, "models": [{
         "name": "absa", "kind": "absa", "path": str(model), "dtype": scenario.dtype,
         "max_model_len": 512, "gpu_memory_utilization": scenario.gpu_memory_utilization,
         "engine_args": engine_args, "pack_pairs": packed, "pack_tokens": scenario.pack_tokens,
@@ -172,7 +174,7 @@ async def bench_grpc(
                 assert len(response.results) == len(pairs)
                 return response.usage.prompt_tokens
 
-            return await drive(system, send, requests, scenario, server.pid)
+            return await drive(system, send, requests, scenario, server.pid, f"http://127.0.0.1:{metrics_port}/metrics")
     finally:
         stop(server)
 
@@ -201,7 +203,7 @@ async def bench_http(
                     return r.status == 200
 
             await wait_ready(healthy, server, log_path, system)
-            return await drive(system, send_factory(session, base), requests, scenario, server.pid)
+            return await drive(system, send_factory(session, base), requests, scenario, server.pid, base + "/metrics")
     finally:
         stop(server)
 
@@ -276,7 +278,7 @@ def table(report: Report) -> str:
         )
     if report.hf_items_per_s:
         lines.append(f"| HF transformers (offline, best batch, both heads) | - | {report.hf_items_per_s:,.0f} | - | - | - | 0 | - | - | - | 1.00x | - |")
-    return "\n".join(lines)
+    return "\n".join(lines + stage_table(report.levels))
 
 
 async def main_async(args: argparse.Namespace) -> Report:

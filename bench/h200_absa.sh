@@ -22,7 +22,7 @@ print(model)"
         --json "$OUT/absa-parity-packed-h200-bf16.json" 2>&1 | tail -32
     ;;
 systems)
-    python3 absa.py --systems "${2:-grpc,grpc-unpacked,classify}" --seconds-per-level 10 --work /tmp/bw \
+    python3 absa.py --systems "${2:-grpc,grpc-unpacked,classify}" --seconds-per-level 8 --work /tmp/bw \
         --out "$OUT" 2>&1 | tail -30
     ;;
 esac

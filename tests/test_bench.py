@@ -74,6 +74,9 @@ def test_absa_bench_cpu_smoke(tmp_path: Path) -> None:
         "vllm serve /classify (stock, sentiment only)",
     }
     assert report["scenario"]["pack_pairs"] is True
+    assert "Server-reported means per call" in done.stdout
+    ours = [l for l in report["levels"] if l["system"] == "grpc (ours)"]
+    assert all(l["server_stages_ms"]["engine"] > 0 for l in ours)
     assert report["hf_items_per_s"] > 0
     for level in report["levels"]:
         assert level["errors"] == 0 and level["requests"] > 0

@@ -134,6 +134,24 @@ def test_encode_texts_gives_the_wrappers_ids(bert_tokenizer, tmp_path) -> None: 
         assert encode_texts(tokenizer, TEXTS) == expected
 
 
+def test_encode_pairs_gives_the_wrappers_ids_offsets_and_segments(bert_tokenizer, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """ABSA's backend path: ids, character offsets and sequence ids exactly as the Hugging Face
+    pair call gives them, for WordPiece and byte-level BPE, accents, CJK, emoji included."""
+    from scoring_plugin.tokenization import encode_pairs, read_only
+    from scoring_server.demo.absa import build_bpe_tokenizer
+
+    pairs = [("food", t) for t in TEXTS if t] + [("café staff", "naïve 🙂👍🏽 service, 음식은 맛있었지만")]
+    for tokenizer in (read_only(bert_tokenizer), read_only(build_bpe_tokenizer(tmp_path))):
+        expected = tokenizer([a for a, _ in pairs], [b for _, b in pairs], return_offsets_mapping=True)
+        for i, encoding in enumerate(encode_pairs(tokenizer, pairs)):
+            assert encoding.ids == list(expected["input_ids"][i])
+            assert encoding.offsets == [tuple(o) for o in expected["offset_mapping"][i]]
+            assert encoding.sequence_ids == expected.encodings[i].sequence_ids
+    tokenizer.backend_tokenizer.enable_truncation(4)
+    with pytest.raises(ValueError, match="read_only"):
+        encode_pairs(tokenizer, pairs)
+
+
 def test_read_only_clears_a_configured_truncation(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A tokenizer.json may set truncation or padding; ours budget tokens themselves, and the
     fast path must never truncate behind their back."""

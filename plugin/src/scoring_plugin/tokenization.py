@@ -34,3 +34,14 @@ def encode_texts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
         return [list(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
     encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
     return [encoding.ids for encoding in encode(list(texts), add_special_tokens=False)]
+
+
+def encode_pairs(tokenizer: Any, pairs: Sequence[tuple[str, str]]) -> list[Any]:
+    """The backend's encodings (``ids``, ``offsets``, ``sequence_ids``) of each (first, second)
+    pair, special tokens added. The wrapper's call builds Python lists for every field of every
+    pair while holding the GIL: on packed ABSA calls that was more host time than the model's
+    step, and the GIL is what every planning thread and the event loop share."""
+    backend = tokenizer.backend_tokenizer
+    if backend.truncation is not None or backend.padding is not None:
+        raise ValueError("encode_pairs needs a tokenizer cleared by read_only()")
+    return backend.encode_batch(list(pairs), add_special_tokens=True)

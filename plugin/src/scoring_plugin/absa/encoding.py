@@ -13,7 +13,7 @@ from typing import Any
 from scoring_plugin.absa.types import FlatPair
 from scoring_plugin.errors import FieldViolation, InvalidInputError
 from scoring_plugin.rerank.types import TruncationOptions, TruncationSide
-from scoring_plugin.tokenization import read_only
+from scoring_plugin.tokenization import encode_pairs, read_only
 
 _REVIEW = 1  # the tokenizer's sequence id of the second text of a pair
 
@@ -37,19 +37,12 @@ class PairEncoder:
 
     def encode(self, pairs: list[FlatPair], truncation: TruncationOptions | None) -> list[EncodedPair]:
         budget = self._budget(truncation)
-        batch = self._tokenizer(
-            [p.aspect for p in pairs],
-            [p.review for p in pairs],
-            add_special_tokens=True,
-            return_offsets_mapping=True,
-            return_token_type_ids=False,
-            return_attention_mask=False,
-        )
+        batch = encode_pairs(self._tokenizer, [(p.aspect, p.review) for p in pairs])
         encoded: list[EncodedPair] = []
         violations: list[FieldViolation] = []
-        for i, pair in enumerate(pairs):
-            ids = list(batch["input_ids"][i])
-            sequence_ids = batch.encodings[i].sequence_ids
+        for pair, encoding in zip(pairs, batch):
+            ids = encoding.ids
+            sequence_ids = encoding.sequence_ids
             review = [k for k, s in enumerate(sequence_ids) if s == _REVIEW]
             aspect = [k for k, s in enumerate(sequence_ids) if s == 0]
             if not review:
@@ -61,7 +54,7 @@ class PairEncoder:
                 )
                 continue
             lo, hi = review[0], review[-1] + 1
-            offsets = [tuple(batch["offset_mapping"][i][k]) for k in range(lo, hi)]
+            offsets = encoding.offsets[lo:hi]
             excess = len(ids) - budget
             if excess > 0:
                 if truncation is None:

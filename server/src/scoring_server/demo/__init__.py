@@ -4,7 +4,8 @@
   package (meaningful scores).
 - ``bert-cross-encoder``, ``qwen3-seq-cls``, ``qwen3-reranker``, ``colbert``: small
   real-architecture rerankers, one per mode and prompt layout (:mod:`.rerank`).
-- ``absa-bert``, ``absa-modernbert``: aspect-sentiment models with both heads (:mod:`.absa`).
+- ``absa-bert``, ``absa-modernbert``: aspect-sentiment models with both heads (:mod:`.absa`);
+  the ModernBERT one served packed (``pack_pairs``).
 - ``image-ranker``: CLIP-shaped towers with the cross-attention adapter (:mod:`.image_rank`).
 
 All but MiniLM have random weights (deterministic seed): reproducible, not meaningful outputs.
@@ -87,7 +88,9 @@ def build_demo_models(root: Path) -> list[ModelSettings]:
             name="absa-bert", kind=ModelKind.ABSA, path=str(root / "absa-bert"), default=True, **common
         ),
         ModelSettings(
-            name="absa-modernbert", kind=ModelKind.ABSA, path=str(root / "absa-modernbert"), **common
+            # Packed (every pair of a call in one engine request), as a deployment would serve it.
+            name="absa-modernbert", kind=ModelKind.ABSA, path=str(root / "absa-modernbert"), pack_pairs=True,
+            **common,
         ),
         ModelSettings(
             name="image-ranker",
