@@ -4,10 +4,7 @@
 #   sh bench/h200_absa.sh parity    # packed path vs the HF reference, bf16 served (fp32 gated)
 #   sh bench/h200_absa.sh systems   # ours packed, ours unpacked, stock /classify in one run
 set -eu
-sh .gpu/bin/install.sh >/dev/null
-. .gpu/bin/env.sh
-python3 -m pip install -q --no-deps --upgrade --target /tmp/site .whl/*.whl
-export VLLM_WORKER_MULTIPROC_METHOD=spawn
+. bench/h200_env.sh
 cd bench
 case "$1" in
 parity)

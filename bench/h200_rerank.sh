@@ -5,10 +5,7 @@
 #   sh bench/h200_rerank.sh systems   # HF, vllm serve and ours in one run (~7 min)
 #   sh bench/h200_rerank.sh variants  # ours with async scheduling; scoring-parity --pack-pairs
 set -eu
-sh .gpu/bin/install.sh >/dev/null
-. .gpu/bin/env.sh
-python3 -m pip install -q --no-deps --upgrade --target /tmp/site .whl/*.whl
-export VLLM_WORKER_MULTIPROC_METHOD=spawn
+. bench/h200_env.sh
 cd bench
 case "$1" in
 kernels)

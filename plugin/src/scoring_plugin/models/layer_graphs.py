@@ -20,10 +20,21 @@ from collections.abc import Sequence
 from typing import Generic, Protocol, TypeVar
 
 import torch
+from vllm.config import VllmConfig
+from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.platforms import current_platform
 
 logger = logging.getLogger(__name__)
 
 PlanT = TypeVar("PlanT", contravariant=True)
+
+
+def graph_tokens(vllm_config: VllmConfig, enabled: bool) -> int | None:
+    """The step's token limit where a packed model's layers run as graphs (the model setting
+    asks for them, CUDA, one GPU per model), else None: eager layers."""
+    if not (enabled and current_platform.is_cuda() and get_tensor_model_parallel_world_size() == 1):
+        return None
+    return vllm_config.scheduler_config.max_num_batched_tokens
 
 
 class SplitLayer(Protocol[PlanT]):
@@ -53,6 +64,20 @@ def run_eager(
         hidden, residual = layer.finish(attn, residual)
     assert residual is not None
     return hidden, residual
+
+
+def run_layers(
+    layers: Sequence[SplitLayer[PlanT]],
+    graphs: LayerGraphs[PlanT] | None,
+    hidden: torch.Tensor,
+    positions: torch.Tensor,
+    plan: PlanT,
+    attn_width: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stack over one step: replayed graphs where a bucket holds the step, else eager."""
+    if graphs is not None and hidden.shape[0] <= graphs.max_tokens:
+        return graphs.run(hidden, positions, plan)
+    return run_eager(layers, hidden, positions, plan, attn_width)
 
 
 def token_buckets(max_tokens: int, smallest: int = 16) -> list[int]:

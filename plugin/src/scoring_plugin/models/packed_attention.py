@@ -14,7 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scoring_plugin.packing import AttentionPlan
+from vllm.v1.pool.metadata import PoolingMetadata
+
+from scoring_plugin.models.pooling_step import whole_request_lengths
+from scoring_plugin.packing import AttentionPlan, layout_of
 
 
 class DevicePlan:
@@ -27,6 +30,16 @@ class DevicePlan:
         self.cu_q = torch.from_numpy(plan.cu_q).to(device, non_blocking=True)
         self.cu_k = torch.from_numpy(plan.cu_k).to(device, non_blocking=True)
         self.score_rows = torch.from_numpy(plan.score_rows).to(device, non_blocking=True)
+
+
+def step_plan(
+    pooling_metadata: PoolingMetadata, device: torch.device, split_error: str
+) -> tuple[list[int], list[list[int]], DevicePlan]:
+    """A packed pooler's view of its step: each request's token count and layout (from its
+    pooling parameters), and the step's attention plan on the device."""
+    counts = whole_request_lengths(pooling_metadata, split_error)
+    layouts = [layout_of(p.extra_kwargs, n) for p, n in zip(pooling_metadata.pooling_params, counts)]
+    return counts, layouts, DevicePlan(AttentionPlan.build(layouts), device)
 
 
 @functools.cache

@@ -28,7 +28,6 @@ from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmb
 from vllm.model_executor.models.interfaces import IsAttentionFree
 from vllm.model_executor.models.interfaces_base import attn_type
 from vllm.model_executor.models.utils import WeightsMapper
-from vllm.platforms import current_platform
 from vllm.sequence import IntermediateTensors
 from vllm.tasks import PoolingTask
 from vllm.v1.outputs import PoolerOutput
@@ -36,11 +35,10 @@ from vllm.v1.pool.metadata import PoolingMetadata
 
 from scoring_plugin.absa.heads import AbsaHeads, pack_outputs
 from scoring_plugin.absa.settings import AbsaSettings
-from scoring_plugin.models.layer_graphs import LayerGraphs, run_eager
+from scoring_plugin.models.layer_graphs import LayerGraphs, graph_tokens, run_layers
 from scoring_plugin.models.loading import load_all_weights
-from scoring_plugin.models.packed_attention import DevicePlan, PairAttention
-from scoring_plugin.models.pooling_step import whole_request_lengths
-from scoring_plugin.packing import PACKED_TASK, AttentionPlan, layout_of
+from scoring_plugin.models.packed_attention import DevicePlan, PairAttention, step_plan
+from scoring_plugin.packing import PACKED_TASK
 
 # ModernBERT's activations as vLLM's fused act-and-mul kernels (one pass over the MLP's input).
 _GELU_APPROXIMATION = {"gelu": "none", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}
@@ -155,19 +153,15 @@ class PackedAbsaPooler(Pooler):
         return {PACKED_TASK}
 
     def forward(self, hidden_states: torch.Tensor, pooling_metadata: PoolingMetadata) -> PoolerOutput:
-        counts = whole_request_lengths(
-            pooling_metadata, "a packed ABSA request arrived in pieces; chunked prefill must be off"
+        counts, layouts, plan = step_plan(
+            pooling_metadata, hidden_states.device,
+            "a packed ABSA request arrived in pieces; chunked prefill must be off",
         )
-        layouts = [layout_of(p.extra_kwargs, n) for p, n in zip(pooling_metadata.pooling_params, counts)]
         if any(layout[0] for layout in layouts):
             raise ValueError("packed ABSA requests have no shared head: every segment is a whole pair")
         # Anything past the scheduled tokens is padding: never part of a result.
         hidden_states = hidden_states[: sum(counts)]
-        plan = DevicePlan(AttentionPlan.build(layouts), hidden_states.device)
-        if self.graphs is not None and hidden_states.shape[0] <= self.graphs.max_tokens:
-            hidden, _ = self.graphs.run(hidden_states, plan.positions, plan)
-        else:
-            hidden, _ = run_eager(list(self.layers), hidden_states, plan.positions, plan, self.attn_width)
+        hidden, _ = run_layers(list(self.layers), self.graphs, hidden_states, plan.positions, plan, self.attn_width)
         hidden = self.final_norm(hidden).to(self.head_dtype)
         # With no head, query group g is segment g: its first row is the pair's [CLS].
         sentiment = self.heads.sentiment_logits(hidden.index_select(0, plan.cu_q[:-1].long()))
@@ -204,13 +198,8 @@ class PackedModernBertForAspectSentiment(nn.Module, IsAttentionFree):
         super().__init__()
         config: ModernBertConfig = vllm_config.model_config.hf_config
         self.embeddings = PackedModernBertEmbeddings(config)
-        graphs = (
-            AbsaSettings.from_hf_config(config).pooler_graphs
-            and current_platform.is_cuda()
-            and get_tensor_model_parallel_world_size() == 1
-        )
-        graph_tokens = vllm_config.scheduler_config.max_num_batched_tokens if graphs else None
-        self.pooler = PackedAbsaPooler(config, vllm_config.model_config.head_dtype, "pooler", graph_tokens)
+        graphs = graph_tokens(vllm_config, AbsaSettings.from_hf_config(config).pooler_graphs)
+        self.pooler = PackedAbsaPooler(config, vllm_config.model_config.head_dtype, "pooler", graphs)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embeddings.tok_embeddings(input_ids)

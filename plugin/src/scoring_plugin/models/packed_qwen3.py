@@ -36,18 +36,16 @@ from vllm.model_executor.models.interfaces import IsAttentionFree
 from vllm.model_executor.models.interfaces_base import attn_type
 from vllm.model_executor.models.qwen2 import Qwen2MLP
 from vllm.model_executor.models.utils import WeightsMapper
-from vllm.platforms import current_platform
 from vllm.sequence import IntermediateTensors
 from vllm.tasks import PoolingTask
 from vllm.transformers_utils.config import set_default_rope_theta
 from vllm.v1.outputs import PoolerOutput
 from vllm.v1.pool.metadata import PoolingMetadata
 
-from scoring_plugin.models.layer_graphs import LayerGraphs, run_eager
+from scoring_plugin.models.layer_graphs import LayerGraphs, graph_tokens, run_layers
 from scoring_plugin.models.loading import load_all_weights
-from scoring_plugin.models.packed_attention import DevicePlan, PairAttention
-from scoring_plugin.models.pooling_step import whole_request_lengths
-from scoring_plugin.packing import PACKED_TASK, AttentionPlan, layout_of
+from scoring_plugin.models.packed_attention import DevicePlan, PairAttention, step_plan
+from scoring_plugin.packing import PACKED_TASK
 from scoring_plugin.rerank.settings import RerankSettings
 
 logger = logging.getLogger(__name__)
@@ -202,17 +200,14 @@ class PackedPairScorer(Pooler):
         return {PACKED_TASK}
 
     def forward(self, hidden_states: torch.Tensor, pooling_metadata: PoolingMetadata) -> PoolerOutput:
-        counts = whole_request_lengths(
-            pooling_metadata, "a packed request arrived in pieces; chunked prefill must be off"
+        _, _, plan = step_plan(
+            pooling_metadata, hidden_states.device, "a packed request arrived in pieces; chunked prefill must be off"
         )
-        layouts = [layout_of(p.extra_kwargs, n) for p, n in zip(pooling_metadata.pooling_params, counts)]
-        plan = DevicePlan(AttentionPlan.build(layouts), hidden_states.device)
         if not self._kernels_chosen:
             self._choose_kernels()
-        if self.graphs is not None and hidden_states.shape[0] <= self.graphs.max_tokens:
-            hidden, residual = self.graphs.run(hidden_states, plan.positions, plan)
-        else:
-            hidden, residual = run_eager(list(self.layers), hidden_states, plan.positions, plan, self.attn_width)
+        hidden, residual = run_layers(
+            list(self.layers), self.graphs, hidden_states, plan.positions, plan, self.attn_width
+        )
         rows = plan.score_rows
         last, _ = self.norm(hidden.index_select(0, rows), residual.index_select(0, rows))
         scores, _ = self.score(last)
@@ -256,13 +251,8 @@ class PackedQwen3ForSequenceClassification(nn.Module, IsAttentionFree):
         config: Qwen3Config = vllm_config.model_config.hf_config
         set_default_rope_theta(config, default_theta=1000000)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        graphs = (
-            RerankSettings.from_hf_config(config).pooler_graphs
-            and current_platform.is_cuda()
-            and get_tensor_model_parallel_world_size() == 1
-        )
-        graph_tokens = vllm_config.scheduler_config.max_num_batched_tokens if graphs else None
-        self.pooler = PackedPairScorer(config, "pooler", graph_tokens)
+        graphs = graph_tokens(vllm_config, RerankSettings.from_hf_config(config).pooler_graphs)
+        self.pooler = PackedPairScorer(config, "pooler", graphs)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)

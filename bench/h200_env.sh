@@ -1,0 +1,6 @@
+# Sourced by bench/h200_*.sh on the device: vLLM staged by ../shared/gpu (install is skipped
+# when done), our wheels from .whl on top, spawned engine workers (CUDA after fork breaks them).
+sh .gpu/bin/install.sh >/dev/null
+. .gpu/bin/env.sh
+python3 -m pip install -q --no-deps --upgrade --target /tmp/site .whl/*.whl
+export VLLM_WORKER_MULTIPROC_METHOD=spawn
