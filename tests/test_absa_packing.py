@@ -26,6 +26,7 @@ from scoring_plugin.packing import LAYOUT_KEY, AttentionPlan
 from scoring_plugin.reference.absa import AbsaReference
 from scoring_server.config import ModelKind, ModelSettings
 from scoring_server.demo.absa import sample_absa_pairs
+from scoring_server.services.execution import _run_all
 
 from engine_harness import InProcessEngine, in_process_engine
 
@@ -169,6 +170,24 @@ def test_duplicates_run_once_and_get_identical_results(packed: InProcessEngine) 
     assert len(_layouts(requests)[0]) == 1 + len(pairs)
     for first, again in zip(output.results[:2], output.results[3:]):
         assert (first.label, first.probabilities, first.span) == (again.label, again.probabilities, again.span)
+
+
+def test_vllm_serve_path_sends_plain_pairs(packed: InProcessEngine, reference: AbsaReference) -> None:
+    """`vllm serve` gives every prompt of a request the same pooling parameters, so there are no
+    layouts: pre_process hands over one pair per prompt, which the packed model scores as a
+    request of one pair."""
+    processor = packed.processor
+    pairs = _pairs(4, seed=13)
+    request = processor.parse_data({"pairs": [{"aspect": a, "review": r} for a, r in pairs]})
+    prompts = processor.pre_process(request, "serve-path")
+    assert len(prompts) == len(pairs)
+    params = processor.merge_pooling_params()
+    assert not params.extra_kwargs
+    requests = [EngineRequest(prompt, params) for prompt in prompts]
+    outputs = packed.loop.run_until_complete(_run_all(packed.engine, requests, "serve-path"))
+    output = processor.post_process(outputs, "serve-path")
+    assert output.engine_requests == len(pairs)
+    _assert_matches(output, reference.analyze(pairs, batch_size=4), "vllm serve path")
 
 
 def test_no_request_state_is_left_behind(packed: InProcessEngine) -> None:
