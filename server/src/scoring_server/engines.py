@@ -140,7 +140,8 @@ def _packed_engine_args(settings: ModelSettings) -> dict[str, object]:
 # Defaults a deployment's engine_args may override. vLLM turns async scheduling off for pooling
 # models (it costs one-request-per-pair serving); a packed step is one call's whole forward, and
 # scheduling the next step while the GPU runs this one was measured on the H200: c=1 p50 17.5 ->
-# 15.4 ms, c=16 3,191 -> 3,488 pairs/s (bench/results/rerank-h200-run7-*), scores unchanged.
+# 15.4 ms, c=16 3,191 -> 3,488 pairs/s (bench/results/rerank-h200-run7-*). It changes when a
+# step is scheduled, not what it computes; a GPU parity run with it on is still to be made.
 _PACKED_DEFAULT_ARGS: dict[str, object] = {"async_scheduling": True}
 
 # A packed engine's requests are longer than one pair's positions (each pair restarts at 0), and
