@@ -1,4 +1,5 @@
-"""Rerank benchmark: our gRPC server vs stock `vllm serve` (/rerank) vs Hugging Face, one run.
+"""Rerank benchmark: our gRPC server vs stock `vllm serve` (/rerank, and /pooling with our plugin)
+vs Hugging Face, one run.
 
 Same model (Qwen3-0.6B-shaped sequence classifier, random weights: speed does not depend on
 weight values), same generated inputs (queries of 3-8 terms, documents of 20-110 terms, 20
@@ -219,18 +220,25 @@ async def bench_grpc(model: Path, scenario: Scenario, requests, work: Path, docs
         return await drive(label, send, requests, scenario, docs_sweep, server.pid, server.metrics_url)
 
 
-async def bench_vllm_serve(model: Path, scenario: Scenario, requests, work: Path, docs_sweep: list[int]) -> list[Level]:  # type: ignore[no-untyped-def]
+async def bench_vllm_serve(model: Path, scenario: Scenario, requests, work: Path, docs_sweep: list[int],  # type: ignore[no-untyped-def]
+                           plugin: bool) -> list[Level]:
+    """Stock `vllm serve`: its own `/rerank`, or `/pooling` through our `reranker` IO processor
+    (the plugin without our server: one engine request per pair)."""
     import aiohttp
 
     port = free_port()
     command = vllm_serve_command(model, "reranker", scenario.dtype, port, "--max-model-len", "512",
                                  "--gpu-memory-utilization", str(scenario.gpu_memory_utilization))
+    if plugin:
+        command += ["--io-processor-plugin", "reranker"]
     if scenario.enforce_eager:
         command.append("--enforce-eager")
     if scenario is CPU_SMOKE:
         command += ["--kv-cache-memory-bytes", str(64 * 1024 * 1024)]
-    log("vllm serve: starting")
-    server = start(command, work / "vllm-serve.log")
+    system = "vllm serve /pooling + plugin" if plugin else "vllm serve /rerank"
+    log_path = work / ("vllm-serve-plugin.log" if plugin else "vllm-serve.log")
+    log(f"{system}: starting")
+    server = start(command, log_path)
     base = f"http://127.0.0.1:{port}"
     try:
         connector = aiohttp.TCPConnector(limit=256)
@@ -240,9 +248,9 @@ async def bench_vllm_serve(model: Path, scenario: Scenario, requests, work: Path
                 async with session.get(base + "/health") as r:
                     return r.status == 200
 
-            await wait_ready(healthy, server, work / "vllm-serve.log", "vllm serve")
+            await wait_ready(healthy, server, log_path, system)
 
-            async def send(payload: tuple[str, list[str]]) -> int:
+            async def rerank(payload: tuple[str, list[str]]) -> int:
                 query, documents = payload
                 body = {"model": "reranker", "query": query, "documents": documents}
                 async with session.post(base + "/rerank", json=body) as r:
@@ -252,7 +260,17 @@ async def bench_vllm_serve(model: Path, scenario: Scenario, requests, work: Path
                     assert len(payload["results"]) == len(documents)
                     return int(payload.get("usage", {}).get("total_tokens", 0))
 
-            return await drive("vllm serve /rerank", send, requests, scenario, docs_sweep, server.pid,
+            async def pooling(payload: tuple[str, list[str]]) -> int:
+                query, documents = payload
+                body = {"model": "reranker", "data": {"query": query, "documents": [{"text": d} for d in documents]}}
+                async with session.post(base + "/pooling", json=body) as r:
+                    payload = await r.json()
+                    if r.status != 200:
+                        raise RuntimeError(f"HTTP {r.status}: {payload}")
+                    assert len(payload["data"]["results"]) == len(documents)
+                    return int(payload["data"]["prompt_tokens"])
+
+            return await drive(system, pooling if plugin else rerank, requests, scenario, docs_sweep, server.pid,
                                base + "/metrics")
     finally:
         stop(server)
@@ -276,7 +294,7 @@ def bench_hf(model: Path, scenario: Scenario, requests) -> float:  # type: ignor
 
 
 def table(report: Report) -> str:
-    serve = {(l.items_per_request, l.concurrency): l.items_per_s for l in report.levels if l.system.startswith("vllm")}
+    serve = {(l.items_per_request, l.concurrency): l.items_per_s for l in report.levels if l.system == "vllm serve /rerank"}
     lines = [
         f"Rerank, {report.scenario['name']}, {report.scenario['dtype']}, "
         f"{report.tokens_per_item:.0f} tokens/pair, closed loop, {report.conditions['device']}",
@@ -299,6 +317,7 @@ def table(report: Report) -> str:
 async def main_async(args: argparse.Namespace) -> Report:
     scenario = CPU_SMOKE if args.cpu_smoke else GPU
     scenario.pack_pairs = not args.no_pack
+    scenario.seconds_per_level = args.seconds_per_level or scenario.seconds_per_level
     scenario.pack_tokens = args.pack_tokens or scenario.pack_tokens
     scenario.grpc_engine_args = args.grpc_engine_args
     work = Path(args.work)
@@ -317,15 +336,18 @@ async def main_async(args: argparse.Namespace) -> Report:
         eager = replace(scenario, pack_graphs=False)
         report.levels += await bench_grpc(model, eager, requests, work, docs_sweep, "grpc (ours, eager layers)")
     if "vllm" in systems:
-        report.levels += await bench_vllm_serve(model, scenario, requests, work, docs_sweep)
+        report.levels += await bench_vllm_serve(model, scenario, requests, work, docs_sweep, plugin=False)
+    if "plugin" in systems:
+        report.levels += await bench_vllm_serve(model, scenario, requests, work, docs_sweep, plugin=True)
     return report
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu-smoke", action="store_true")
-    parser.add_argument("--systems", default="hf,grpc,vllm", help="of hf,grpc,grpc-eager,vllm")
+    parser.add_argument("--systems", default="hf,grpc,vllm,plugin", help="of hf,grpc,grpc-eager,vllm,plugin")
     parser.add_argument("--work", default="/tmp/scoring-bench")
+    parser.add_argument("--seconds-per-level", type=float, help="override the scenario's")
     parser.add_argument("--docs-sweep", default="", help="e.g. 1,5,40: c=1 at these document counts")
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--no-pack", action="store_true", help="our server without pair packing")

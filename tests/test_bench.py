@@ -22,7 +22,7 @@ def test_rerank_bench_cpu_smoke(tmp_path: Path) -> None:
     (report_file,) = out.glob("*.json")
     report = json.loads(report_file.read_text())
     systems = {level["system"] for level in report["levels"]}
-    assert systems == {"grpc (ours)", "vllm serve /rerank"}
+    assert systems == {"grpc (ours)", "vllm serve /rerank", "vllm serve /pooling + plugin"}
     assert report["hf_items_per_s"] > 0
     for level in report["levels"]:
         assert level["errors"] == 0 and level["requests"] > 0
