@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from scoring_plugin.absa.settings import OVERRIDES_KEY
 from scoring_plugin.absa.types import AbsaInput, AbsaOutput, AbsaPairInput
+from scoring_plugin.errors import InvalidInputError
 from scoring_plugin.io_processors.absa import AbsaIOProcessor
 from scoring_plugin.io_processors.engine_request import EngineRequest
 from scoring_plugin.models import PACKED_MODERNBERT_ABSA_ARCHITECTURE
@@ -26,6 +27,7 @@ from scoring_plugin.packing import LAYOUT_KEY, AttentionPlan
 from scoring_plugin.reference.absa import AbsaReference
 from scoring_server.config import ModelKind, ModelSettings
 from scoring_server.demo.absa import sample_absa_pairs
+from scoring_server.demo.common import MAX_MODEL_LEN
 from scoring_server.services.execution import _run_all
 
 from engine_harness import InProcessEngine, in_process_engine
@@ -188,6 +190,18 @@ def test_vllm_serve_path_sends_plain_pairs(packed: InProcessEngine, reference: A
     output = processor.post_process(outputs, "serve-path")
     assert output.engine_requests == len(pairs)
     _assert_matches(output, reference.analyze(pairs, batch_size=4), "vllm serve path")
+
+
+def test_the_per_pair_limit_is_the_checkpoints_not_the_packs(packed: InProcessEngine) -> None:
+    """The engine's limit is per packed request (PACK_TOKENS); a pair keeps the checkpoint's
+    positions as its limit, advertised by the processor, and a longer pair is refused by field."""
+    processor = packed.processor
+    assert processor.max_model_len == MAX_MODEL_LEN < PACK_TOKENS
+    long_review = "the food was great " * MAX_MODEL_LEN
+    with pytest.raises(InvalidInputError) as caught:
+        _analyze(packed, [("food", "fine"), ("food", long_review)])
+    assert [v.field for v in caught.value.violations] == ["pairs[1].review"]
+    assert processor.pending_states == 0
 
 
 def test_no_request_state_is_left_behind(packed: InProcessEngine) -> None:
