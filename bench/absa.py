@@ -36,6 +36,7 @@ from harness import (
     log,
     mib,
     offline_rate,
+    pooling_sender,
     ratio,
     stage_table,
     start,
@@ -209,16 +210,8 @@ async def bench_http(
 
 
 def plugin_pooling(session, base: str):  # type: ignore[no-untyped-def]
-    async def send(pairs: Pairs) -> int:
-        body = {"model": "absa", "data": {"pairs": [{"aspect": a, "review": r} for a, r in pairs]}}
-        async with session.post(base + "/pooling", json=body) as r:
-            payload = await r.json()
-            if r.status != 200:
-                raise RuntimeError(f"HTTP {r.status}: {payload}")
-            assert len(payload["data"]["results"]) == len(pairs)
-            return int(payload["data"]["prompt_tokens"])
-
-    return send
+    return pooling_sender(session, base, "absa", lambda pairs: {"pairs": [{"aspect": a, "review": r} for a, r in pairs]},
+                          len)
 
 
 def stock_classify(session, base: str):  # type: ignore[no-untyped-def]

@@ -86,6 +86,23 @@ def vllm_serve_command(model: Path, name: str, dtype: str, port: int, *extra: st
             "--host", "127.0.0.1", "--port", str(port), *extra]
 
 
+def pooling_sender(
+    session: Any, base: str, model: str, data: Callable[[Any], dict[str, Any]], items: Callable[[Any], int]
+) -> Callable[[Any], Awaitable[int]]:
+    """A closed-loop `send` for `vllm serve /pooling` through one of our IO processors: posts
+    `data(request)`, checks one result per item, returns the tokens the plugin reports."""
+
+    async def send(request: Any) -> int:
+        async with session.post(base + "/pooling", json={"model": model, "data": data(request)}) as r:
+            payload = await r.json()
+            if r.status != 200:
+                raise RuntimeError(f"HTTP {r.status}: {payload}")
+            assert len(payload["data"]["results"]) == items(request)
+            return int(payload["data"]["prompt_tokens"])
+
+    return send
+
+
 async def wait_ready(ready: Callable[[], Awaitable[bool]], server: subprocess.Popen[bytes], log_path: Path, name: str) -> None:
     """Polls `ready()` (an async check that may raise) until it says yes or the server dies."""
     deadline = time.monotonic() + 900

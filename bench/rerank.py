@@ -41,6 +41,7 @@ from harness import (
     grpc_serving,
     log,
     offline_rate,
+    pooling_sender,
     ratio,
     start,
     stop,
@@ -260,15 +261,11 @@ async def bench_vllm_serve(model: Path, scenario: Scenario, requests, work: Path
                     assert len(payload["results"]) == len(documents)
                     return int(payload.get("usage", {}).get("total_tokens", 0))
 
-            async def pooling(payload: tuple[str, list[str]]) -> int:
-                query, documents = payload
-                body = {"model": "reranker", "data": {"query": query, "documents": [{"text": d} for d in documents]}}
-                async with session.post(base + "/pooling", json=body) as r:
-                    payload = await r.json()
-                    if r.status != 200:
-                        raise RuntimeError(f"HTTP {r.status}: {payload}")
-                    assert len(payload["data"]["results"]) == len(documents)
-                    return int(payload["data"]["prompt_tokens"])
+            pooling = pooling_sender(
+                session, base, "reranker",
+                lambda payload: {"query": payload[0], "documents": [{"text": d} for d in payload[1]]},
+                lambda payload: len(payload[1]),
+            )
 
             return await drive(system, pooling if plugin else rerank, requests, scenario, docs_sweep, server.pid,
                                base + "/metrics")
