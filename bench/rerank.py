@@ -261,14 +261,12 @@ async def bench_vllm_serve(model: Path, scenario: Scenario, requests, work: Path
                     assert len(payload["results"]) == len(documents)
                     return int(payload.get("usage", {}).get("total_tokens", 0))
 
-            pooling = pooling_sender(
+            send = rerank if not plugin else pooling_sender(
                 session, base, "reranker",
                 lambda payload: {"query": payload[0], "documents": [{"text": d} for d in payload[1]]},
                 lambda payload: len(payload[1]),
             )
-
-            return await drive(system, pooling if plugin else rerank, requests, scenario, docs_sweep, server.pid,
-                               base + "/metrics")
+            return await drive(system, send, requests, scenario, docs_sweep, server.pid, base + "/metrics")
     finally:
         stop(server)
 

@@ -125,8 +125,8 @@ def _packed_engine_args(settings: ModelSettings) -> dict[str, object]:
     """A packed request (every pair of a call) must reach the model whole, in one step: the model
     keeps no KV cache to resume from, and a prefix-cache hit would skip its tokens. Eager mode:
     the compiled forward would be an embedding lookup only, while eager mode turns vLLM's fused
-    kernels (RMSNorm, rotary, SiLU) on for the transformer that runs in the pooler."""
-    settings.packed_architecture()  # a checkpoint that cannot be packed fails here, by name
+    kernels (RMSNorm, rotary, SiLU) on for the transformer that runs in the pooler. (A checkpoint
+    that cannot be packed fails by name in `effective_hf_overrides`, before any engine starts.)"""
     batched = int(settings.engine_args.get("max_num_batched_tokens") or settings.pack_tokens)
     return {
         "max_model_len": settings.pack_tokens,

@@ -157,7 +157,9 @@ class AbsaIOProcessor(ScoringIOProcessor[AbsaInput, AbsaOutput, _RequestState]):
         )
         heads: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         for prompts, output in zip(groups, data):
-            sentiment, start, end = unpack_outputs(output.cpu(), len(self.settings.labels), len(prompts))
+            # Once per engine output, not per pair and head: float64 for the softmaxes.
+            logits = output.cpu().to(torch.float64)
+            sentiment, start, end = unpack_outputs(logits, len(self.settings.labels), len(prompts))
             lengths = [len(state.prompts[p].token_ids) for p in prompts]
             if start.numel() != sum(lengths):
                 raise ValueError(f"expected span logits for {sum(lengths)} tokens, got {start.numel()}")
@@ -187,9 +189,9 @@ class AbsaIOProcessor(ScoringIOProcessor[AbsaInput, AbsaOutput, _RequestState]):
     def _decode(
         self, prompt: EncodedPair, *logits: torch.Tensor
     ) -> tuple[str, tuple[tuple[str, float], ...], TokenSpan | None]:
-        """(sentiment, start, end) logits of one pair -> label, probabilities, evidence span."""
+        """(sentiment, start, end) float64 logits of one pair -> label, probabilities, evidence span."""
         labels = self.settings.labels
-        sentiment, start, end = (t.to(torch.float64).numpy() for t in logits)
+        sentiment, start, end = (t.numpy() for t in logits)
         if not (np.isfinite(sentiment).all() and np.isfinite(start).all() and np.isfinite(end).all()):
             raise NonFiniteOutputError("the model produced a non-finite output")
         shifted = np.exp(sentiment - sentiment.max())

@@ -213,7 +213,6 @@ class PackedPairScorer(Pooler):
         scores, _ = self.score(last)
         return list(scores.float().squeeze(-1).split(plan.plan.segments))
 
-
     def _choose_kernels(self) -> None:
         """Once, at the first step (vLLM's profiling run: weights loaded, before any capture)."""
         differences = [layer.self_attn.use_fused_norm_rope() for layer in self.layers]
