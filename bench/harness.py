@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import platform
 import signal
 import socket
@@ -64,12 +65,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# BENCH_PROFILE=DIR runs each server under py-spy (wall time of every thread, 100 samples/s;
+# `profile_summary.py` reads DIR/<server log name>.pyspy.txt). py-spy must be on PATH.
+_PROFILE_DIR = os.environ.get("BENCH_PROFILE")
+
+
 def start(command: list[str], log_path: Path) -> subprocess.Popen[bytes]:
     sink = log_path.open("wb")
+    if _PROFILE_DIR:
+        Path(_PROFILE_DIR).mkdir(parents=True, exist_ok=True)
+        profile = Path(_PROFILE_DIR) / f"{log_path.stem}.pyspy.txt"
+        command = ["py-spy", "record", "--subprocesses", "--threads", "--idle", "--nonblocking", "-r", "100",
+                   "--format", "raw", "-o", str(profile), "--", *command]
     return subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
+    if _PROFILE_DIR and process.poll() is None:
+        # py-spy writes its profile on SIGINT; the server, in py-spy's process group, stops next.
+        process.send_signal(signal.SIGINT)
+        process.wait(60)
+        os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(process.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.5)
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
         try:

@@ -315,6 +315,8 @@ async def main_async(args: argparse.Namespace) -> Report:
     scenario.seconds_per_level = args.seconds_per_level or scenario.seconds_per_level
     scenario.pack_tokens = args.pack_tokens or scenario.pack_tokens
     scenario.grpc_engine_args = args.grpc_engine_args
+    scenario.concurrency = [int(c) for c in args.concurrency.split(",")] if args.concurrency else scenario.concurrency
+    scenario.docs_per_request = args.docs or scenario.docs_per_request
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     model = build_model(scenario, work / f"model-{scenario.name}")
@@ -343,6 +345,8 @@ def main() -> None:
     parser.add_argument("--systems", default="hf,grpc,vllm,plugin", help="of hf,grpc,grpc-eager,vllm,plugin")
     parser.add_argument("--work", default="/tmp/scoring-bench")
     parser.add_argument("--seconds-per-level", type=float, help="override the scenario's")
+    parser.add_argument("--concurrency", default="", help="e.g. 1,32: override the scenario's levels")
+    parser.add_argument("--docs", type=int, help="documents per request: override the scenario's")
     parser.add_argument("--docs-sweep", default="", help="e.g. 1,5,40: c=1 at these document counts")
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--no-pack", action="store_true", help="our server without pair packing")
