@@ -12,7 +12,7 @@ import torch
 from scoring_plugin.absa.encoding import EncodedPair, PairEncoder
 from scoring_plugin.absa.heads import AbsaHeads, pack_outputs, unpack_outputs
 from scoring_plugin.absa.settings import AbsaSettings
-from scoring_plugin.absa.spans import TokenSpan, best_span
+from scoring_plugin.absa.spans import TokenSpan, best_span, best_spans
 from scoring_plugin.absa.types import FlatPair
 from scoring_plugin.errors import InvalidInputError
 from scoring_plugin.absa.spans import _extends_previous
@@ -68,6 +68,35 @@ def test_best_span_matches_brute_force_on_random_cases() -> None:
         assert got.score == pytest.approx(want[2], rel=1e-9)
         checked += 1
     assert checked == 200
+
+
+def test_best_spans_of_a_call_equal_each_pair_decoded_alone() -> None:
+    """The batched decoding pads every review to the longest: padding must never win, shift a
+    softmax or move a tie, whatever the mix of lengths (empty reviews included)."""
+    rng = np.random.RandomState(99)
+    for case in range(60):
+        pairs = rng.randint(1, 9)
+        starts, ends, reviews = [], [], []
+        for _ in range(pairs):
+            total = rng.randint(1, 50)
+            lo = rng.randint(0, total)
+            hi = lo if rng.rand() < 0.15 else rng.randint(lo + 1, total + 1)
+            logits = rng.randn(2, total) * [0.5, 3.0, 20.0][case % 3]
+            if case % 5 == 0:  # ties everywhere
+                logits = np.round(logits)
+            starts.append(logits[0])
+            ends.append(logits[1])
+            reviews.append((lo, hi))
+        max_span = int(rng.randint(1, 60))
+        together = best_spans(starts, ends, reviews, max_span)
+        alone = [_reference_span(s, e, lo, hi, max_span) if hi > lo else None for s, e, (lo, hi) in zip(starts, ends, reviews)]
+        assert len(together) == pairs
+        for got, want in zip(together, alone):
+            if want is None:
+                assert got is None
+            else:
+                assert got is not None and (got.start, got.end) == want[:2], case
+                assert got.score == pytest.approx(want[2], rel=1e-9)
 
 
 def test_best_span_empty_review_is_none() -> None:

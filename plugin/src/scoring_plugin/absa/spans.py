@@ -7,6 +7,7 @@ aspect and the special tokens can never be chosen and scores are comparable acro
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,11 +20,6 @@ class TokenSpan:
     score: float
 
 
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    shifted = x - x.max()
-    return shifted - np.log(np.exp(shifted).sum())
-
-
 def best_span(
     start_logits: np.ndarray,
     end_logits: np.ndarray,
@@ -31,18 +27,50 @@ def best_span(
     max_span_tokens: int,
 ) -> TokenSpan | None:
     """`review_tokens` is [lo, hi) in prompt positions; None when the review has no tokens."""
-    lo, hi = review_tokens
-    if hi <= lo:
-        return None
-    start = _log_softmax(start_logits[lo:hi].astype(np.float64))
-    end = _log_softmax(end_logits[lo:hi].astype(np.float64))
-    n = hi - lo
-    offset = np.arange(n)[None, :] - np.arange(n)[:, None]  # end - start
-    valid = (offset >= 0) & (offset < max_span_tokens)
-    scores = np.where(valid, start[:, None] + end[None, :], -np.inf)
-    flat = int(np.argmax(scores))  # first maximum: ties go to the earliest start, then end
-    s, e = divmod(flat, n)
-    return TokenSpan(lo + s, lo + e, float(np.exp(scores[s, e])))
+    return best_spans([start_logits], [end_logits], [review_tokens], max_span_tokens)[0]
+
+
+def best_spans(
+    start_logits: Sequence[np.ndarray],
+    end_logits: Sequence[np.ndarray],
+    review_tokens: Sequence[tuple[int, int]],
+    max_span_tokens: int,
+) -> list[TokenSpan | None]:
+    """:func:`best_span` of every pair of a call in one set of array operations: the server's
+    event loop decodes every call, and per-pair numpy calls were most of its time per ABSA call
+    on the H200 host (bench/results/host-profile-h200.md).
+
+    Rows are the pairs' review logits padded with -inf to the longest review; a span is a start
+    row position and an offset ``d < max_span_tokens`` to its end, so the scores of a pair are
+    [start, d] = log P(start) + log P(start + d), -inf past the review."""
+    lengths = [max(hi - lo, 0) for lo, hi in review_tokens]
+    longest = max(lengths, default=0)
+    if longest == 0:
+        return [None] * len(lengths)
+    width = min(max_span_tokens, longest)
+    start = np.full((len(lengths), longest), -np.inf)
+    end = np.full((len(lengths), longest + width - 1), -np.inf)
+    for row, ((lo, _), n, s, e) in enumerate(zip(review_tokens, lengths, start_logits, end_logits)):
+        if n == 0:  # no span; finite rows keep the softmaxes free of NaN
+            start[row], end[row] = 0.0, 0.0
+        start[row, :n] = s[lo : lo + n]
+        end[row, :n] = e[lo : lo + n]
+    start, end = _log_softmax_rows(start), _log_softmax_rows(end)
+    scores = start[:, :, None] + np.lib.stride_tricks.sliding_window_view(end, width, axis=1)
+    # First maximum of each pair: ties go to the earliest start, then the earliest end.
+    flat = scores.reshape(len(lengths), -1).argmax(axis=1)
+    first, offset = np.divmod(flat, width)
+    best = np.exp(scores.reshape(len(lengths), -1)[np.arange(len(lengths)), flat])
+    return [
+        TokenSpan(lo + int(s), lo + int(s + d), float(score)) if n else None
+        for (lo, _), n, s, d, score in zip(review_tokens, lengths, first, offset, best)
+    ]
+
+
+def _log_softmax_rows(x: np.ndarray) -> np.ndarray:
+    """Per row, over its finite entries: the -inf padding stays -inf and weighs nothing."""
+    shifted = x - x.max(axis=1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
 
 
 def _extends_previous(ch: str) -> bool:

@@ -22,7 +22,7 @@ from vllm.renderers import BaseRenderer
 from scoring_plugin.absa.encoding import EncodedPair, PairEncoder
 from scoring_plugin.absa.heads import unpack_outputs
 from scoring_plugin.absa.settings import AbsaSettings
-from scoring_plugin.absa.spans import TokenSpan, best_span, evidence_bounds
+from scoring_plugin.absa.spans import TokenSpan, best_spans, evidence_bounds
 from scoring_plugin.absa.types import (
     AbsaInput,
     AbsaOutput,
@@ -155,17 +155,20 @@ class AbsaIOProcessor(ScoringIOProcessor[AbsaInput, AbsaOutput, _RequestState]):
             if state.packed is None
             else [r.prompts for r in state.packed]
         )
-        heads: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        heads: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         for prompts, output in zip(groups, data):
             # Once per engine output, not per pair and head: float64 for the softmaxes.
             logits = output.cpu().to(torch.float64)
-            sentiment, start, end = unpack_outputs(logits, len(self.settings.labels), len(prompts))
+            if not torch.isfinite(logits).all():
+                raise NonFiniteOutputError("the model produced a non-finite output")
+            sentiment, start, end = (t.numpy() for t in unpack_outputs(logits, len(self.settings.labels), len(prompts)))
             lengths = [len(state.prompts[p].token_ids) for p in prompts]
-            if start.numel() != sum(lengths):
-                raise ValueError(f"expected span logits for {sum(lengths)} tokens, got {start.numel()}")
-            for p, *pair in zip(prompts, sentiment, start.split(lengths), end.split(lengths)):
+            if start.size != sum(lengths):
+                raise ValueError(f"expected span logits for {sum(lengths)} tokens, got {start.size}")
+            bounds = np.cumsum(lengths)[:-1]
+            for p, *pair in zip(prompts, sentiment, np.split(start, bounds), np.split(end, bounds)):
                 heads[p] = tuple(pair)
-        decoded = [self._decode(prompt, *heads[p]) for p, prompt in enumerate(state.prompts)]
+        decoded = self._decode(state.prompts, [heads[p] for p in range(len(state.prompts))])
         results = []
         for i, (pair, p) in enumerate(zip(state.pairs, state.prompt_of_pair)):
             label, probabilities, span = decoded[p]
@@ -187,20 +190,27 @@ class AbsaIOProcessor(ScoringIOProcessor[AbsaInput, AbsaOutput, _RequestState]):
         )
 
     def _decode(
-        self, prompt: EncodedPair, *logits: torch.Tensor
-    ) -> tuple[str, tuple[tuple[str, float], ...], TokenSpan | None]:
-        """(sentiment, start, end) float64 logits of one pair -> label, probabilities, evidence span."""
+        self, prompts: Sequence[EncodedPair], heads: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]
+    ) -> list[tuple[str, tuple[tuple[str, float], ...], TokenSpan | None]]:
+        """(sentiment, start, end) float64 logits of every prompt of a call -> label,
+        probabilities and evidence span of each, the softmaxes and span searches of all prompts
+        at once (this runs on the server's event loop, once per call)."""
         labels = self.settings.labels
-        sentiment, start, end = (t.numpy() for t in logits)
-        if not (np.isfinite(sentiment).all() and np.isfinite(start).all() and np.isfinite(end).all()):
-            raise NonFiniteOutputError("the model produced a non-finite output")
-        shifted = np.exp(sentiment - sentiment.max())
-        probs = (shifted / shifted.sum()).tolist()
-        label = labels[self.settings.choose_label(probs)]
-        span = best_span(start, end, prompt.review_tokens, self.settings.max_span_tokens)
-        if span is not None and span.score < self.settings.min_span_score:
-            span = None
-        return label, tuple(zip(labels, probs)), span
+        sentiment = np.stack([h[0] for h in heads])
+        shifted = np.exp(sentiment - sentiment.max(axis=1, keepdims=True))
+        probabilities = (shifted / shifted.sum(axis=1, keepdims=True)).tolist()
+        spans = best_spans(
+            [h[1] for h in heads], [h[2] for h in heads], [p.review_tokens for p in prompts],
+            self.settings.max_span_tokens,
+        )
+        return [
+            (
+                labels[self.settings.choose_label(probs)],
+                tuple(zip(labels, probs)),
+                span if span is not None and span.score >= self.settings.min_span_score else None,
+            )
+            for probs, span in zip(probabilities, spans)
+        ]
 
 
 def _evidence(review: str, prompt: EncodedPair, span: TokenSpan | None) -> EvidenceSpan | None:
