@@ -14,11 +14,13 @@ def test_rerank_bench_cpu_smoke(tmp_path: Path) -> None:
     out = tmp_path / "results"
     done = subprocess.run(
         [sys.executable, str(REPO / "bench" / "rerank.py"), "--cpu-smoke",
-         "--out", str(out), "--work", str(tmp_path / "work"), "--docs-sweep", "1"],
+         "--out", str(out), "--work", str(tmp_path / "work"), "--docs", "3", "--docs-sweep", "1"],
         capture_output=True, text=True, timeout=1200, env=tool_env(),
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    assert "| grpc (ours) | 4 | 1 |" in done.stdout and "| vllm serve /rerank | 4 | 2 |" in done.stdout
+    # --docs 3 replaced the smoke scenario's 4 documents per request
+    assert "| grpc (ours) | 3 | 1 |" in done.stdout and "| vllm serve /rerank | 3 | 2 |" in done.stdout
+    assert "| grpc (ours) | 1 | 1 |" in done.stdout  # the sweep
     (report_file,) = out.glob("*.json")
     report = json.loads(report_file.read_text())
     systems = {level["system"] for level in report["levels"]}
@@ -61,7 +63,7 @@ def test_absa_bench_cpu_smoke(tmp_path: Path) -> None:
     out = tmp_path / "results"
     done = subprocess.run(
         [sys.executable, str(REPO / "bench" / "absa.py"), "--cpu-smoke",
-         "--systems", "hf,grpc,grpc-unpacked,plugin,classify",
+         "--systems", "hf,grpc,grpc-unpacked,plugin,classify", "--concurrency", "2",
          "--out", str(out), "--work", str(tmp_path / "work")],
         capture_output=True, text=True, timeout=1200, env=tool_env(),
     )
@@ -82,7 +84,7 @@ def test_absa_bench_cpu_smoke(tmp_path: Path) -> None:
         assert level["errors"] == 0 and level["requests"] > 0
         # every system served the same pairs: within 5% of the tokens per pair
         assert abs(level["tokens_per_item"] - report["tokens_per_item"]) < 0.05 * report["tokens_per_item"]
-    assert "| grpc (ours) | 1 |" in done.stdout
+    assert {level["concurrency"] for level in report["levels"]} == {2}  # --concurrency 2 alone
     assert report_file.with_suffix(".png").stat().st_size > 10_000
 
 
@@ -102,3 +104,37 @@ def test_image_rank_bench_cpu_smoke(tmp_path: Path) -> None:
         assert level["errors"] == 0 and level["requests"] > 0 and level["items_per_request"] == 4
     assert "| grpc (ours), URLs | 2 |" in done.stdout
     assert report_file.with_suffix(".png").stat().st_size > 10_000
+
+
+def test_profile_summary_reads_py_spy_raw_profiles(tmp_path: Path) -> None:
+    """py-spy's raw lines: the process chain (a command line may hold ";"), the thread, then the
+    frames outermost first, then the count. Time is attributed per process and thread."""
+    engine = 'process 12:"python -c from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=4)"'
+    lines = [
+        f'process 10:"python -m scoring_server";{engine};thread (12): MainThread;'
+        "run_busy_loop (vllm/v1/engine/core.py:10);execute_model (vllm/worker.py:5);forward (packed.py:84) 30",
+        f'process 10:"python -m scoring_server";{engine};thread (12): MainThread;'
+        "run_busy_loop (vllm/v1/engine/core.py:10);wait (threading.py:355) 10",
+        f'process 10:"python -m scoring_server";{engine};thread (12): MainThread;startup (core.py:3) 60',
+        'process 10:"python -m scoring_server";thread (10): MainThread;_run_once (asyncio/base_events.py:1) 5',
+    ]
+    profile = tmp_path / "server.pyspy.txt"
+    profile.write_text("\n".join(lines) + "\n")
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "profile_summary.py"), str(profile), "--within", "run_busy_loop"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "spawn_main(tracker_fd=4) [12] thread 12 MainThread: 40 samples" in done.stdout
+    assert "75.0%  execute_model (worker.py)" in done.stdout and "25.0%  wait (threading.py)" in done.stdout
+    assert "startup" not in done.stdout and "thread 10" not in done.stdout  # outside --within
+
+
+def test_absa_decode_bench_prints_its_table() -> None:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "absa_decode.py"), "--seconds", "0.05"],
+        capture_output=True, text=True, timeout=300, env=tool_env(),
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [row.split(" | ")[0] for row in rows] == ["| 1", "| 8", "| 32", "| 128"]

@@ -141,7 +141,8 @@ def _packed_engine_args(settings: ModelSettings) -> dict[str, object]:
 # models (it costs one-request-per-pair serving); a packed step is one call's whole forward, and
 # scheduling the next step while the GPU runs this one was measured on the H200: c=1 p50 17.5 ->
 # 15.4 ms, c=16 3,191 -> 3,488 pairs/s (bench/results/rerank-h200-run7-*). It changes when a
-# step is scheduled, not what it computes; a GPU parity run with it on is still to be made.
+# step is scheduled, not what it computes: the H200 parity run with it on gave run7's sync
+# numbers (bench/results/rerank-check-h200-async-bf16.json).
 _PACKED_DEFAULT_ARGS: dict[str, object] = {"async_scheduling": True}
 
 # A packed engine's requests are longer than one pair's positions (each pair restarts at 0), and
