@@ -82,17 +82,18 @@ def start(command: list[str], log_path: Path) -> subprocess.Popen[bytes]:
 
 def stop(process: subprocess.Popen[bytes]) -> None:
     if _PROFILE_DIR and process.poll() is None:
-        # py-spy writes its profile on SIGINT; the server, in py-spy's process group, stops next.
-        process.send_signal(signal.SIGINT)
-        process.wait(60)
-        os.killpg(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(process.pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.5)
+        # The server is py-spy's child: once it has shut down, py-spy writes the profile and exits.
+        import psutil
+
+        try:
+            for child in psutil.Process(process.pid).children():
+                child.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+        try:
+            process.wait(120)
+        except subprocess.TimeoutExpired:
+            pass  # py-spy stuck: stopped below, the profile lost
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
         try:
