@@ -4,9 +4,9 @@ per process and thread: where the wall time of each thread goes, by function, in
 A flame graph answers "what is hot"; this answers "how many milliseconds of a call does each
 stage take", which is what a per-call host budget needs:
 
-    py-spy record --subprocesses --threads --idle --nonblocking -r 250 --format raw -o prof.txt \
-        -- python3 rerank.py --systems grpc ...
-    python3 profile_summary.py prof.txt --top 25
+    BENCH_PROFILE=prof python3 rerank.py --systems grpc ...   # py-spy around each server
+    (or: py-spy record --subprocesses --threads --idle --nonblocking -r 100 --format raw -o prof.txt -- CMD)
+    python3 profile_summary.py prof/grpc-server.pyspy.txt --within run_busy_loop --top 25
 """
 
 from __future__ import annotations

@@ -89,7 +89,10 @@ def test_best_spans_of_a_call_equal_each_pair_decoded_alone() -> None:
             reviews.append((lo, hi))
         max_span = int(rng.randint(1, 60))
         together = best_spans(starts, ends, reviews, max_span)
-        alone = [_reference_span(s, e, lo, hi, max_span) if hi > lo else None for s, e, (lo, hi) in zip(starts, ends, reviews)]
+        alone = [
+            _reference_span(s, e, lo, hi, max_span) if hi > lo else None
+            for s, e, (lo, hi) in zip(starts, ends, reviews)
+        ]
         assert len(together) == pairs
         for got, want in zip(together, alone):
             if want is None:
