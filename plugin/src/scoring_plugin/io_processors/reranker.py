@@ -183,9 +183,11 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
         expected = len(plan.prompts) if state.packed is None else len(state.packed)
         if len(data) != expected:
             raise ValueError(f"expected {expected} outputs, got {len(data)}")
-        if state.packed is not None:
-            data = _unpack(state.packed, data, len(plan.prompts))
-        raw = self._raw_scores(plan, data)
+        if state.packed is not None:  # a cross-encoder: one score per segment
+            logits = _unpack(state.packed, data, len(plan.prompts))
+            raw = [logits[p] for p in plan.document_prompt]
+        else:
+            raw = self._raw_scores(plan, data)
         activation = (
             self.settings.mode.default_activation
             if request.activation is Activation.DEFAULT
@@ -231,12 +233,14 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
 
 
 
-def _unpack(packed: list[PackedRequest], data: list[Any], prompts: int) -> list[Any]:
-    """Per packed request one score per segment, back into per-prompt outputs."""
-    out: list[Any] = [None] * prompts
+def _unpack(packed: list[PackedRequest], data: list[Any], prompts: int) -> list[float]:
+    """Per packed request one score per segment, back into per-prompt raw logits: one `tolist`
+    per engine output, not a tensor read per document (20 documents: 54 -> 3 us on the dev
+    machine; this runs on the server's event loop)."""
+    out: list[float] = [math.nan] * prompts
     for request, scores in zip(packed, data):
         if scores.numel() != len(request.prompts):
             raise ValueError(f"expected {len(request.prompts)} packed scores, got {scores.numel()}")
-        for prompt, score in zip(request.prompts, scores.reshape(-1)):
+        for prompt, score in zip(request.prompts, scores.reshape(-1).tolist()):
             out[prompt] = score
     return out
