@@ -33,6 +33,7 @@ from harness import (
     conditions,
     free_port,
     grpc_serving,
+    int_list,
     log,
     mib,
     offline_rate,
@@ -279,7 +280,7 @@ async def main_async(args: argparse.Namespace) -> Report:
     if args.seconds_per_level:
         scenario.seconds_per_level = args.seconds_per_level
     if args.concurrency:
-        scenario.concurrency = [int(c) for c in args.concurrency.split(",")]
+        scenario.concurrency = args.concurrency
     scenario.pack_pairs = not args.no_pack
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -311,7 +312,7 @@ def main() -> None:
     parser.add_argument("--systems", default="hf,grpc,plugin,classify", help="of hf,grpc,grpc-unpacked,plugin,classify")
     parser.add_argument("--no-pack", action="store_true", help="our server without pair packing")
     parser.add_argument("--seconds-per-level", type=float, help="override the scenario's")
-    parser.add_argument("--concurrency", default="", help="e.g. 1,32: override the scenario's levels")
+    parser.add_argument("--concurrency", type=int_list, default=[], help="e.g. 1,32: override the scenario's levels")
     parser.add_argument("--work", default="/tmp/scoring-bench")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()

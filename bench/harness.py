@@ -59,6 +59,11 @@ def log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
+def int_list(text: str) -> list[int]:
+    """An argparse type: "1,16,64" -> [1, 16, 64] ("" -> [])."""
+    return [int(part) for part in text.split(",") if part]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -39,6 +39,7 @@ from harness import (
     conditions,
     free_port,
     grpc_serving,
+    int_list,
     log,
     offline_rate,
     pooling_sender,
@@ -315,7 +316,7 @@ async def main_async(args: argparse.Namespace) -> Report:
     scenario.seconds_per_level = args.seconds_per_level or scenario.seconds_per_level
     scenario.pack_tokens = args.pack_tokens or scenario.pack_tokens
     scenario.grpc_engine_args = args.grpc_engine_args
-    scenario.concurrency = [int(c) for c in args.concurrency.split(",")] if args.concurrency else scenario.concurrency
+    scenario.concurrency = args.concurrency or scenario.concurrency
     scenario.docs_per_request = args.docs or scenario.docs_per_request
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -324,7 +325,7 @@ async def main_async(args: argparse.Namespace) -> Report:
     report = Report(asdict(scenario), conditions(), tokens_per_pair(model, requests))
     log(f"{scenario.name}: {report.tokens_per_item:.0f} tokens/pair")
     systems = args.systems.split(",")
-    docs_sweep = [int(d) for d in args.docs_sweep.split(",") if d]
+    docs_sweep = args.docs_sweep
     if "hf" in systems:
         report.hf_items_per_s = bench_hf(model, scenario, requests)
     if "grpc" in systems:
@@ -345,9 +346,9 @@ def main() -> None:
     parser.add_argument("--systems", default="hf,grpc,vllm,plugin", help="of hf,grpc,grpc-eager,vllm,plugin")
     parser.add_argument("--work", default="/tmp/scoring-bench")
     parser.add_argument("--seconds-per-level", type=float, help="override the scenario's")
-    parser.add_argument("--concurrency", default="", help="e.g. 1,32: override the scenario's levels")
+    parser.add_argument("--concurrency", type=int_list, default=[], help="e.g. 1,32: override the scenario's levels")
     parser.add_argument("--docs", type=int, help="documents per request: override the scenario's")
-    parser.add_argument("--docs-sweep", default="", help="e.g. 1,5,40: c=1 at these document counts")
+    parser.add_argument("--docs-sweep", type=int_list, default=[], help="e.g. 1,5,40: c=1 at these document counts")
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--no-pack", action="store_true", help="our server without pair packing")
     parser.add_argument("--pack-tokens", type=int, help="tokens per packed engine request")

@@ -183,11 +183,7 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
         expected = len(plan.prompts) if state.packed is None else len(state.packed)
         if len(data) != expected:
             raise ValueError(f"expected {expected} outputs, got {len(data)}")
-        if state.packed is not None:  # a cross-encoder: one score per segment
-            logits = _unpack(state.packed, data, len(plan.prompts))
-            raw = [logits[p] for p in plan.document_prompt]
-        else:
-            raw = self._raw_scores(plan, data)
+        raw = self._raw_scores(plan, data, state.packed)
         activation = (
             self.settings.mode.default_activation
             if request.activation is Activation.DEFAULT
@@ -217,10 +213,14 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
             engine_requests=expected,
         )
 
-    def _raw_scores(self, plan: RerankPlan, data: list[Any]) -> list[float]:
+    def _raw_scores(self, plan: RerankPlan, data: list[Any], packed: list[PackedRequest] | None) -> list[float]:
         mode = self.settings.mode
-        if mode is RerankMode.CROSS_ENCODER:
-            logits = [cross_encoder_logit(d) for d in data]
+        if mode is RerankMode.CROSS_ENCODER:  # packed requests: one score per segment
+            logits = (
+                [cross_encoder_logit(d) for d in data]
+                if packed is None
+                else _unpack(packed, data, len(plan.prompts))
+            )
             return [logits[p] for p in plan.document_prompt]
         assert plan.query_prompt is not None
         query = data[plan.query_prompt]
