@@ -146,8 +146,10 @@ async def drive(system: str, send, requests: list[Pairs], scenario: Scenario, se
 
 
 async def bench_grpc(
-    model: Path, scenario: Scenario, requests: list[Pairs], work: Path, packed: bool, system: str
+    model: Path, scenario: Scenario, requests: list[Pairs], work: Path, packed: bool, system: str,
+    full_graph_tokens: int | None = None,
 ) -> list[Level]:
+    """Our server; ``full_graph_tokens`` its ``pack_full_graph_tokens`` (None: the default)."""
     import grpc
     import yaml
 
@@ -158,11 +160,15 @@ async def bench_grpc(
     engine_args: dict[str, Any] = {"enforce_eager": scenario.enforce_eager}
     if scenario is CPU_SMOKE:
         engine_args["kv_cache_memory_bytes"] = 64 * 1024 * 1024
-    config.write_text(yaml.safe_dump({"port": port, "host": "127.0.0.1", "metrics_port": metrics_port, "models": [{
+    settings: dict[str, Any] = {
         "name": "absa", "kind": "absa", "path": str(model), "dtype": scenario.dtype,
         "max_model_len": 512, "gpu_memory_utilization": scenario.gpu_memory_utilization,
         "engine_args": engine_args, "pack_pairs": packed, "pack_tokens": scenario.pack_tokens,
-    }]}))
+    }
+    if full_graph_tokens is not None:
+        settings["pack_full_graph_tokens"] = full_graph_tokens
+    config.write_text(yaml.safe_dump({"port": port, "host": "127.0.0.1", "metrics_port": metrics_port,
+                                      "models": [settings]}))
     log("grpc: starting our server")
     server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], work / "absa-grpc-server.log")
     try:
@@ -296,6 +302,9 @@ async def main_async(args: argparse.Namespace) -> Report:
         report.levels += await bench_grpc(absa, scenario, requests, work, scenario.pack_pairs, label)
     if "grpc-unpacked" in systems and scenario.pack_pairs:
         report.levels += await bench_grpc(absa, scenario, requests, work, False, "grpc (ours, unpacked)")
+    if "grpc-piecewise" in systems and scenario.pack_pairs:
+        report.levels += await bench_grpc(absa, scenario, requests, work, True,
+                                          "grpc (ours, piecewise graphs only)", full_graph_tokens=0)
     if "plugin" in systems:
         report.levels += await bench_http("vllm serve /pooling + plugin", absa, scenario, requests, work,
                                           ["--io-processor-plugin", "absa"], plugin_pooling)
@@ -309,7 +318,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu-smoke", action="store_true")
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="bf16")
-    parser.add_argument("--systems", default="hf,grpc,plugin,classify", help="of hf,grpc,grpc-unpacked,plugin,classify")
+    parser.add_argument("--systems", default="hf,grpc,plugin,classify", help="of hf,grpc,grpc-unpacked,grpc-piecewise,plugin,classify")
     parser.add_argument("--no-pack", action="store_true", help="our server without pair packing")
     parser.add_argument("--seconds-per-level", type=float, help="override the scenario's")
     parser.add_argument("--concurrency", type=int_list, default=[], help="e.g. 1,32: override the scenario's levels")

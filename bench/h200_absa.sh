@@ -2,7 +2,8 @@
 # The ABSA measurements of one H200 staging (`../shared/gpu/README.md` stages vLLM first);
 # results and logs land in $OUT.
 #   sh bench/h200_absa.sh parity    # packed path vs the HF reference, bf16 served (fp32 gated)
-#   sh bench/h200_absa.sh systems   # ours packed, ours unpacked, stock /classify in one run
+#   sh bench/h200_absa.sh systems [SYSTEMS]  # default: ours packed, ours unpacked, stock
+#                                            # /classify in one run (bench/absa.py --systems)
 set -eu
 . bench/h200_env.sh
 cd bench

@@ -6,6 +6,8 @@
 #   sh bench/h200_rerank.sh systems   # HF, vllm serve /rerank, vllm serve /pooling + plugin and
 #                                     # ours in one run (~9 min; run7 had no plugin system)
 #   sh bench/h200_rerank.sh variants  # ours with async scheduling; scoring-parity --pack-pairs
+#   sh bench/h200_rerank.sh full      # whole-step graphs: packed step by token count, then ours
+#                                     # with and without them, 1/5/20 documents (~6 min)
 set -eu
 . bench/h200_env.sh
 cd bench
@@ -28,5 +30,13 @@ variants)
     python3 -c "import json, rerank; print('\n'.join(json.dumps({'query': q, 'documents': d}) for q, d in rerank.make_requests(6, 20, seed=11)))" > /tmp/queries.jsonl
     python3 -m scoring_server.parity --checkpoint /tmp/scoring-rerank-check/model-qwen3-0.6b-shaped --inputs /tmp/queries.jsonl \
         --dtype bfloat16 --pack-pairs --json "$OUT/parity-packed-bf16.json" 2>&1 | tail -30
+    ;;
+full)
+    python3 packed_step.py --out "$OUT" > "$OUT/packed-step.log" 2>&1 || true
+    grep -i "whole-step" "$OUT/packed-step.log" | cut -c1-300
+    tail -12 "$OUT/packed-step.log"
+    python3 rerank.py --systems grpc,grpc-piecewise --seconds-per-level 8 --docs-sweep 1,5 --work /tmp/bw \
+        --out "$OUT" 2>&1 | tail -30
+    grep -ih "whole-step" /tmp/bw/grpc-server.log | cut -c1-300
     ;;
 esac

@@ -1,5 +1,5 @@
 """What one packed rerank step costs in the model itself, by token count: the pooler's decoder
-layers as CUDA graphs and eager, the fused Q/K norm + rotary kernel against the unfused ops, and
+layers as whole-step CUDA graphs (attention included), as piecewise graphs and eager, the fused Q/K norm + rotary kernel against the unfused ops, and
 the kernels of the largest step from the torch profiler.
 
 The engine runs in this process (no server, no scheduling, no IPC), so the numbers are the
@@ -25,6 +25,9 @@ from harness import conditions, log
 from rerank import CPU_SMOKE, GPU, build_model
 
 HEAD, SEGMENT, PAIRS_PER_CALL = 10, 135, 20
+# Whole-step graphs are captured up to here for the table, past the server's default, to show
+# where replaying a step whole stops paying.
+FULL_GRAPH_TOKENS = 4096
 
 
 def layouts_for(tokens: int) -> list[list[int]]:
@@ -85,7 +88,8 @@ def main() -> None:
 
     import torch
 
-    from scoring_plugin.models.layer_graphs import run_eager
+    from scoring_plugin.models.full_graphs import FullGraphs
+    from scoring_plugin.models.layer_graphs import LayerGraphs, run_eager
     from scoring_plugin.models.packed_attention import DevicePlan
     from scoring_plugin.packing import AttentionPlan
 
@@ -93,13 +97,16 @@ def main() -> None:
     device = next(model.parameters()).device
     layers = list(scorer.layers)
     fused_layers = sum(layer.self_attn.fused_norm_rope for layer in layers)
-    sizes = [s for s in (HEAD + SEGMENT, HEAD + SEGMENT * PAIRS_PER_CALL, 8192, scenario.pack_tokens)
-             if s <= scenario.pack_tokens]
+    piecewise = next((g for g in scorer.graphs if isinstance(g, LayerGraphs)), None)
+    full = (None if piecewise is None
+            else FullGraphs(layers, scorer.norm.weight.shape[0], scorer.attn_width, FULL_GRAPH_TOKENS))
+    sizes = [s for s in (HEAD + SEGMENT * n for n in (1, 5, 10, 20)) if s <= scenario.pack_tokens]
+    sizes += [s for s in (8192, scenario.pack_tokens) if s <= scenario.pack_tokens and s not in sizes]
     rows: list[dict[str, Any]] = []
     with torch.inference_mode():
         for tokens in sizes:
             layouts = layouts_for(tokens)
-            plan = DevicePlan(AttentionPlan.build(layouts), device)
+            plan = DevicePlan.of(AttentionPlan.build(layouts), device)
             count = int(plan.positions.shape[0])
             ids = torch.randint(0, 1000, (count,), device=device)
             hidden = model.embed_input_ids(ids)
@@ -109,9 +116,11 @@ def main() -> None:
                 return run_eager(layers, hidden.clone(), plan.positions, plan, scorer.attn_width)
 
             row["eager_ms"] = round(timed(eager, args.repeats), 3)
-            if scorer.graphs is not None:
-                graphs = scorer.graphs
-                row["graphs_ms"] = round(timed(lambda: graphs.run(hidden, plan.positions, plan), args.repeats), 3)
+            if piecewise is not None:
+                row["graphs_ms"] = round(timed(lambda: piecewise.run(hidden, plan.positions, plan), args.repeats), 3)
+            if full is not None and count <= full.max_tokens:
+                row["full_graph_ms"] = round(timed(lambda: full.run(hidden, plan.positions, plan), args.repeats), 3)
+                row["full_graph_serving"] = full.serving
             if fused_layers:
                 saved = [layer.self_attn.swap_norm_rope_cache(None) for layer in layers]
                 row["eager_unfused_ms"] = round(timed(eager, args.repeats), 3)
@@ -131,17 +140,19 @@ def main() -> None:
         kernels = profiler.key_averages().table(sort_by=sort, row_limit=20)
 
     report = {"conditions": conditions(), "model": scenario.name, "dtype": scenario.dtype,
-              "graphs": scorer.graphs is not None, "fused_norm_rope_layers": fused_layers,
+              "graphs": piecewise is not None, "fused_norm_rope_layers": fused_layers,
               "layers": len(layers), "steps": rows, "largest_step_kernels": kernels}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"packed-step-{scenario.name}-{scenario.dtype}"
     (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
-    header = "| tokens | calls | pairs | graphs ms | eager ms | eager, unfused Q/K norm + rotary ms |"
+    header = ("| tokens | calls | pairs | whole-step graph ms | piecewise graphs ms | eager ms "
+              "| eager, unfused Q/K norm + rotary ms |")
     lines = [f"One packed step in the model, {scenario.name}, {scenario.dtype}, {report['conditions']['device']}",
-             "", header, "|---|---|---|---|---|---|"]
+             "", header, "|---|---|---|---|---|---|---|"]
     for row in rows:
-        lines.append(f"| {row['tokens']} | {row['calls']} | {row['pairs']} | {row.get('graphs_ms', '-')} | "
+        lines.append(f"| {row['tokens']} | {row['calls']} | {row['pairs']} | {row.get('full_graph_ms', '-')} | "
+                     f"{row.get('graphs_ms', '-')} | "
                      f"{row['eager_ms']} | {row.get('eager_unfused_ms', '-')} |")
     text = "\n".join(lines) + "\n\nKernels of the largest step (eager):\n\n```\n" + kernels + "\n```\n"
     (out / f"{stem}.md").write_text(text)

@@ -79,6 +79,9 @@ class Scenario:
     pack_tokens: int = 16384
     # The packed model's layers as CUDA graphs (False: eager, the `grpc-eager` system).
     pack_graphs: bool = True
+    # Steps up to this many tokens replayed whole, attention included (None: the server's
+    # default; 0: piecewise only, the `grpc-piecewise` system).
+    pack_full_graph_tokens: int | None = None
     # More AsyncEngineArgs for our server (`--grpc-engine-args`), e.g. {"async_scheduling": true}.
     grpc_engine_args: dict[str, Any] = field(default_factory=dict)
 
@@ -170,14 +173,18 @@ async def grpc_reranker(model: Path, scenario: Scenario, work: Path) -> AsyncIte
 
     port, metrics_port = free_port(), free_port()
     config = work / "grpc-server.yaml"
-    config.write_text(yaml.safe_dump({"port": port, "host": "127.0.0.1", "metrics_port": metrics_port, "models": [{
+    settings: dict[str, Any] = {
         "name": "reranker", "path": str(model), "dtype": scenario.dtype,
         "rerank_mode": "cross_encoder", "max_model_len": 512,
         "gpu_memory_utilization": scenario.gpu_memory_utilization,
         "pack_pairs": scenario.pack_pairs, "pack_tokens": scenario.pack_tokens,
         "pack_graphs": scenario.pack_graphs,
         "engine_args": {"enforce_eager": scenario.enforce_eager, **scenario.grpc_engine_args},
-    }]}))
+    }
+    if scenario.pack_full_graph_tokens is not None:
+        settings["pack_full_graph_tokens"] = scenario.pack_full_graph_tokens
+    config.write_text(yaml.safe_dump({"port": port, "host": "127.0.0.1", "metrics_port": metrics_port,
+                                      "models": [settings]}))
     log("grpc: starting our server")
     server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], work / "grpc-server.log")
     try:
@@ -316,6 +323,7 @@ async def main_async(args: argparse.Namespace) -> Report:
     scenario.seconds_per_level = args.seconds_per_level or scenario.seconds_per_level
     scenario.pack_tokens = args.pack_tokens or scenario.pack_tokens
     scenario.grpc_engine_args = args.grpc_engine_args
+    scenario.pack_full_graph_tokens = args.full_graph_tokens
     scenario.concurrency = args.concurrency or scenario.concurrency
     scenario.docs_per_request = args.docs or scenario.docs_per_request
     work = Path(args.work)
@@ -333,6 +341,10 @@ async def main_async(args: argparse.Namespace) -> Report:
     if "grpc-eager" in systems and scenario.pack_pairs:
         eager = replace(scenario, pack_graphs=False)
         report.levels += await bench_grpc(model, eager, requests, work, docs_sweep, "grpc (ours, eager layers)")
+    if "grpc-piecewise" in systems and scenario.pack_pairs:
+        piecewise = replace(scenario, pack_full_graph_tokens=0)
+        report.levels += await bench_grpc(model, piecewise, requests, work, docs_sweep,
+                                          "grpc (ours, piecewise graphs only)")
     if "vllm" in systems:
         report.levels += await bench_vllm_serve(model, scenario, requests, work, docs_sweep, plugin=False)
     if "plugin" in systems:
@@ -343,7 +355,7 @@ async def main_async(args: argparse.Namespace) -> Report:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu-smoke", action="store_true")
-    parser.add_argument("--systems", default="hf,grpc,vllm,plugin", help="of hf,grpc,grpc-eager,vllm,plugin")
+    parser.add_argument("--systems", default="hf,grpc,vllm,plugin", help="of hf,grpc,grpc-eager,grpc-piecewise,vllm,plugin")
     parser.add_argument("--work", default="/tmp/scoring-bench")
     parser.add_argument("--seconds-per-level", type=float, help="override the scenario's")
     parser.add_argument("--concurrency", type=int_list, default=[], help="e.g. 1,32: override the scenario's levels")
@@ -352,6 +364,8 @@ def main() -> None:
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--no-pack", action="store_true", help="our server without pair packing")
     parser.add_argument("--pack-tokens", type=int, help="tokens per packed engine request")
+    parser.add_argument("--full-graph-tokens", type=int,
+                        help="our server's pack_full_graph_tokens (default: the server's)")
     parser.add_argument("--grpc-engine-args", type=json.loads, default={},
                         help='JSON object of more engine args for our server, e.g. {"async_scheduling": true}')
     args = parser.parse_args()

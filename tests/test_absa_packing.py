@@ -16,7 +16,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from scoring_plugin.absa.settings import OVERRIDES_KEY
+from scoring_plugin.absa.settings import OVERRIDES_KEY, AbsaSettings
+from scoring_plugin.config_sections import DEFAULT_FULL_GRAPH_TOKENS
 from scoring_plugin.absa.types import AbsaInput, AbsaOutput, AbsaPairInput
 from scoring_plugin.errors import InvalidInputError
 from scoring_plugin.io_processors.absa import AbsaIOProcessor
@@ -51,7 +52,7 @@ def test_bidirectional_pair_attention_equals_each_pair_alone(lengths: list[int],
     tokens = sum(lengths)
     q, k, v = (torch.randn(tokens, heads, dim, dtype=torch.float64) for _ in range(3))
     out = torch.empty(tokens, heads * dim, dtype=torch.float64)
-    plan = DevicePlan(AttentionPlan.build([[0, *lengths]]), torch.device("cpu"))
+    plan = DevicePlan.of(AttentionPlan.build([[0, *lengths]]), torch.device("cpu"))
     attention = PairAttention(heads, heads, dim, causal=False, window=window)
     attention(*(t.reshape(tokens, -1) for t in (q, k, v)), plan, out)
     packed = out.view(tokens, heads, dim)
@@ -79,6 +80,8 @@ def test_pack_pairs_maps_modernbert_absa_only(demo_models: dict[str, ModelSettin
     overrides = modernbert.effective_hf_overrides()
     assert overrides["architectures"] == [PACKED_MODERNBERT_ABSA_ARCHITECTURE]
     assert overrides[OVERRIDES_KEY]["pooler_graphs"] is True
+    config = {**modernbert._checkpoint_config(), **overrides}
+    assert AbsaSettings.from_hf_config(config).pooler_full_graph_tokens == DEFAULT_FULL_GRAPH_TOKENS
     bert = modernbert.model_copy(update={"path": demo_models["absa-bert"].path})
     with pytest.raises(ValueError, match="BertForAspectSentiment"):
         bert.effective_hf_overrides()

@@ -52,8 +52,8 @@ def test_packed_step_profile_cpu_smoke(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     report = json.loads((out / "packed-step-qwen3-tiny-float32.json").read_text())
-    assert [step["tokens"] for step in report["steps"]] == [145, 2048]
-    assert [step["pairs"] for step in report["steps"]] == [1, 16]
+    assert [step["tokens"] for step in report["steps"]] == [145, 685, 1360, 2048]
+    assert [step["pairs"] for step in report["steps"]] == [1, 5, 10, 16]
     assert all(step["eager_ms"] > 0 for step in report["steps"])
     assert report["graphs"] is False and report["fused_norm_rope_layers"] == 0  # CPU
     assert "aten::" in report["largest_step_kernels"]

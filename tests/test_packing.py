@@ -137,7 +137,7 @@ def test_pair_attention_equals_each_pair_alone(layout: list[int]) -> None:
     plan = AttentionPlan.build([layout])
     out = torch.empty(tokens, heads * dim, dtype=torch.float64)
     flat = [t.reshape(tokens, -1) for t in (q, k, v)]
-    PairAttention(heads, kv_heads, dim)(*flat, DevicePlan(plan, torch.device("cpu")), out)
+    PairAttention(heads, kv_heads, dim)(*flat, DevicePlan.of(plan, torch.device("cpu")), out)
     packed = out.view(tokens, heads, dim)
 
     head = layout[0]
@@ -340,6 +340,27 @@ def test_pack_graphs_reaches_the_model_settings(demo_models: dict[str, ModelSett
     for settings, expected in ((on, True), (off, False)):
         config = {**settings._checkpoint_config(), **settings.effective_hf_overrides()}
         assert RerankSettings.from_hf_config(config).pooler_graphs is expected
+
+
+def test_pack_full_graph_tokens_reaches_the_model_settings(demo_models: dict[str, ModelSettings]) -> None:
+    """How large a step replays as one whole graph travels like `pack_graphs`; 0 turns whole-step
+    graphs off, a negative size fails on either side."""
+    from pydantic import ValidationError
+
+    from scoring_plugin.config_sections import DEFAULT_FULL_GRAPH_TOKENS
+    from scoring_plugin.rerank.settings import CONFIG_KEY, RerankSettings
+
+    path = demo_models["qwen3-seq-cls"].path
+    default = ModelSettings(name="q", path=path, dtype="float32", pack_pairs=True)
+    for settings, expected in ((default, DEFAULT_FULL_GRAPH_TOKENS),
+                               (default.model_copy(update={"pack_full_graph_tokens": 0}), 0)):
+        config = {**settings._checkpoint_config(), **settings.effective_hf_overrides()}
+        assert RerankSettings.from_hf_config(config).pooler_full_graph_tokens == expected
+    with pytest.raises(ValidationError, match="pack_full_graph_tokens"):
+        ModelSettings(name="q", path=path, dtype="float32", pack_pairs=True, pack_full_graph_tokens=-1)
+    config = {**default._checkpoint_config(), CONFIG_KEY: {"pooler_full_graph_tokens": -1}}
+    with pytest.raises(ValueError, match="pooler_full_graph_tokens must be >= 0"):
+        RerankSettings.from_hf_config(config)
 
 
 def test_packed_engine_asks_for_async_scheduling_unless_told_otherwise(demo_models: dict[str, ModelSettings]) -> None:

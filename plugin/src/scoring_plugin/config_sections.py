@@ -12,6 +12,19 @@ from __future__ import annotations
 from typing import Any
 
 
+# Packed models on CUDA: steps up to this many tokens replay as one CUDA graph each, attention
+# included (scoring_plugin.models.full_graphs); larger steps replay piecewise.
+DEFAULT_FULL_GRAPH_TOKENS = 1024
+
+
+def full_graph_tokens(own: dict[str, Any], section: str) -> int:
+    """A section's ``pooler_full_graph_tokens``: the largest step replayed whole (0: none)."""
+    value = int(own.get("pooler_full_graph_tokens", DEFAULT_FULL_GRAPH_TOKENS))
+    if value < 0:
+        raise ValueError(f"{section}.pooler_full_graph_tokens must be >= 0, got {value}")
+    return value
+
+
 def overrides_key(section: str) -> str:
     return f"{section}_overrides"
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scoring_plugin.absa.settings import OVERRIDES_KEY as ABSA_OVERRIDES_KEY
+from scoring_plugin.config_sections import DEFAULT_FULL_GRAPH_TOKENS
 from scoring_plugin.image_rank.settings import OVERRIDES_KEY as IMAGE_RANK_OVERRIDES_KEY
 from scoring_plugin.models import PACKABLE_ARCHITECTURES
 from scoring_plugin.rerank.settings import OVERRIDES_KEY as RERANK_OVERRIDES_KEY
@@ -60,6 +61,9 @@ class ModelSettings(BaseModel):
     pack_tokens: int = Field(default=8192, ge=64)
     # On CUDA the packed model replays its layers as CUDA graphs; False keeps them eager.
     pack_graphs: bool = True
+    # With pack_graphs: steps up to this many tokens replay as one graph, attention included
+    # (the host-bound small steps); 0 replays every step piecewise.
+    pack_full_graph_tokens: int = Field(default=DEFAULT_FULL_GRAPH_TOKENS, ge=0)
     # Passed to vLLM's AsyncEngineArgs unchanged (enforce_eager, tensor_parallel_size, ...).
     engine_args: dict[str, Any] = Field(default_factory=dict)
     default: bool = False
@@ -90,6 +94,7 @@ class ModelSettings(BaseModel):
             overrides["architectures"] = [self.packed_architecture()]
             own["max_pair_tokens"] = self.max_pair_tokens()
             own["pooler_graphs"] = self.pack_graphs
+            own["pooler_full_graph_tokens"] = self.pack_full_graph_tokens
         overrides[key] = {**(overrides.get(key) or {}), **own}
         return overrides
 

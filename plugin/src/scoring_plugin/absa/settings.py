@@ -10,7 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from scoring_plugin.config_sections import as_dict, overrides_key, read_section
+from scoring_plugin.config_sections import (
+    DEFAULT_FULL_GRAPH_TOKENS,
+    as_dict,
+    full_graph_tokens,
+    overrides_key,
+    read_section,
+)
 
 CONFIG_KEY = "scoring_absa"
 OVERRIDES_KEY = overrides_key(CONFIG_KEY)
@@ -34,6 +40,8 @@ class AbsaSettings:
     # engine's own limit is per packed request; and whether CUDA graphs run the pooler's layers.
     max_pair_tokens: int | None = None
     pooler_graphs: bool = True
+    # With pooler_graphs: steps up to this many tokens replay whole, attention included (0: off).
+    pooler_full_graph_tokens: int = DEFAULT_FULL_GRAPH_TOKENS
 
     @classmethod
     def from_hf_config(cls, hf_config: Any) -> AbsaSettings:
@@ -50,7 +58,10 @@ class AbsaSettings:
                                      "max_span_tokens", "fallback_label", "min_span_score",
                                      "max_pair_tokens", "pooler_graphs")
                  if k in own}
-        settings = cls(labels=labels, thresholds=dict(own.get("thresholds") or {}), **known)
+        settings = cls(
+            labels=labels, thresholds=dict(own.get("thresholds") or {}),
+            pooler_full_graph_tokens=full_graph_tokens(own, CONFIG_KEY), **known,
+        )
         settings.check()
         return settings
 

@@ -53,30 +53,50 @@ class SplitLayer(Protocol[PlanT]):
 
 
 def run_eager(
-    layers: Sequence[SplitLayer[PlanT]], hidden: torch.Tensor, positions: torch.Tensor, plan: PlanT, attn_width: int
+    layers: Sequence[SplitLayer[PlanT]],
+    hidden: torch.Tensor,
+    positions: torch.Tensor,
+    plan: PlanT,
+    attn_width: int,
+    attn: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The stack without graphs: the CPU backend, fp32 reference runs, steps past the buckets."""
+    """The stack without graphs (the CPU backend, fp32 reference runs, steps past the buckets),
+    and the body a whole-step graph captures. ``attn`` receives each layer's attention (rows the
+    plan leaves out keep what they held); fresh memory per layer when None."""
     residual: torch.Tensor | None = None
     for layer in layers:
         q, k, v, residual = layer.attention_inputs(hidden, residual, positions)
-        attn = q.new_empty(q.shape[0], attn_width)
-        layer.attend(q, k, v, plan, attn)
-        hidden, residual = layer.finish(attn, residual)
+        out = q.new_empty(q.shape[0], attn_width) if attn is None else attn
+        layer.attend(q, k, v, plan, out)
+        hidden, residual = layer.finish(out, residual)
     assert residual is not None
     return hidden, residual
 
 
+class GraphRunner(Protocol[PlanT]):
+    """Replays a step from captured graphs where it holds one of the step's size and shape."""
+
+    def run(
+        self, hidden: torch.Tensor, positions: torch.Tensor, plan: PlanT
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(hidden, residual) of the last layer, views valid until the next call; None: this
+        runner does not hold the step."""
+
+
 def run_layers(
     layers: Sequence[SplitLayer[PlanT]],
-    graphs: LayerGraphs[PlanT] | None,
+    graphs: Sequence[GraphRunner[PlanT]],
     hidden: torch.Tensor,
     positions: torch.Tensor,
     plan: PlanT,
     attn_width: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The stack over one step: replayed graphs where a bucket holds the step, else eager."""
-    if graphs is not None and hidden.shape[0] <= graphs.max_tokens:
-        return graphs.run(hidden, positions, plan)
+    """The stack over one step: the first of ``graphs`` that holds the step replays it, else the
+    layers run eager."""
+    for runner in graphs:
+        out = runner.run(hidden, positions, plan)
+        if out is not None:
+            return out
     return run_eager(layers, hidden, positions, plan, attn_width)
 
 
@@ -124,12 +144,15 @@ class LayerGraphs(Generic[PlanT]):
     def max_tokens(self) -> int:
         return self.buckets[-1]
 
-    def run(self, hidden: torch.Tensor, positions: torch.Tensor, plan: PlanT) -> tuple[torch.Tensor, torch.Tensor]:
-        """(hidden, residual) of the last layer for the step's rows; views into graph memory,
-        valid until the next call."""
+    def run(
+        self, hidden: torch.Tensor, positions: torch.Tensor, plan: PlanT
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """:class:`GraphRunner`: any step up to ``max_tokens``."""
         tokens = hidden.shape[0]
         if not self._captured:
             self._capture_all(hidden)
+        if tokens > self.max_tokens:
+            return None
         assert self._embeds is not None and self._positions is not None and self._attn is not None
         bucket = self._captured[self.buckets[bisect.bisect_left(self.buckets, tokens)]]
         self._embeds[:tokens].copy_(hidden)

@@ -9,7 +9,9 @@ fp16/bf16 one flash-attention varlen call covers the step, a query group per pai
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,16 +22,32 @@ from scoring_plugin.models.pooling_step import whole_request_lengths
 from scoring_plugin.packing import AttentionPlan, layout_of
 
 
+@dataclass(frozen=True, slots=True)
 class DevicePlan:
-    """An :class:`AttentionPlan` on the model's device, built once per step."""
+    """An :class:`AttentionPlan` on the model's device. ``max_q`` and ``max_k`` bound the query
+    groups' and key ranges' lengths (flash-attention's ``max_seqlen``): the plan's own maxima,
+    or a captured graph's fixed bounds (:mod:`scoring_plugin.models.full_graphs`)."""
 
-    def __init__(self, plan: AttentionPlan, device: torch.device) -> None:
-        self.plan = plan
-        self.positions = torch.from_numpy(plan.positions).to(device, non_blocking=True)
-        self.kv_index = torch.from_numpy(plan.kv_index).to(device, non_blocking=True)
-        self.cu_q = torch.from_numpy(plan.cu_q).to(device, non_blocking=True)
-        self.cu_k = torch.from_numpy(plan.cu_k).to(device, non_blocking=True)
-        self.score_rows = torch.from_numpy(plan.score_rows).to(device, non_blocking=True)
+    plan: AttentionPlan
+    positions: torch.Tensor
+    kv_index: torch.Tensor
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    score_rows: torch.Tensor
+    max_q: int
+    max_k: int
+
+    @classmethod
+    def of(cls, plan: AttentionPlan, device: torch.device) -> DevicePlan:
+        """Built once per step."""
+
+        def on_device(array: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(array).to(device, non_blocking=True)
+
+        return cls(
+            plan, on_device(plan.positions), on_device(plan.kv_index), on_device(plan.cu_q),
+            on_device(plan.cu_k), on_device(plan.score_rows), plan.max_q, plan.max_k,
+        )
 
 
 def step_plan(
@@ -39,7 +57,7 @@ def step_plan(
     pooling parameters), and the step's attention plan on the device."""
     counts = whole_request_lengths(pooling_metadata, split_error)
     layouts = [layout_of(p.extra_kwargs, n) for p, n in zip(pooling_metadata.pooling_params, counts)]
-    return counts, layouts, DevicePlan(AttentionPlan.build(layouts), device)
+    return counts, layouts, DevicePlan.of(AttentionPlan.build(layouts), device)
 
 
 @functools.cache
@@ -53,6 +71,11 @@ def _flash_varlen() -> tuple[object, int | None] | None:
     except ImportError:
         return None
     return flash_attn_varlen_func, get_flash_attn_version()
+
+
+def flash_available() -> bool:
+    """Whether fp16/bf16 attention runs as flash-attention varlen calls here (capturable)."""
+    return _flash_varlen() is not None
 
 
 class PairAttention(nn.Module):
@@ -88,9 +111,9 @@ class PairAttention(nn.Module):
             kwargs: dict[str, object] = {} if version is None else {"fa_version": version}
             if self.window is not None:
                 kwargs["window_size"] = [self.window, self.window]
-            cu_k, max_k = (plan.cu_k, plan.plan.max_k) if self.causal else (plan.cu_q, plan.plan.max_q)
+            cu_k, max_k = (plan.cu_k, plan.max_k) if self.causal else (plan.cu_q, plan.max_q)
             varlen(  # type: ignore[operator]
-                q, k, v, plan.plan.max_q, plan.cu_q, max_k, cu_k,
+                q, k, v, plan.max_q, plan.cu_q, max_k, cu_k,
                 softmax_scale=self.scale, causal=self.causal, out=out, **kwargs,
             )
         else:

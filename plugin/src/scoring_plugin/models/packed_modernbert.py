@@ -35,7 +35,8 @@ from vllm.v1.pool.metadata import PoolingMetadata
 
 from scoring_plugin.absa.heads import AbsaHeads, pack_outputs
 from scoring_plugin.absa.settings import AbsaSettings
-from scoring_plugin.models.layer_graphs import LayerGraphs, graph_tokens, run_layers
+from scoring_plugin.models.full_graphs import pooler_graphs
+from scoring_plugin.models.layer_graphs import run_layers
 from scoring_plugin.models.loading import load_all_weights
 from scoring_plugin.models.packed_attention import DevicePlan, PairAttention, step_plan
 from scoring_plugin.packing import PACKED_TASK
@@ -129,24 +130,24 @@ class PackedModernBertLayer(nn.Module):
 
 
 class PackedAbsaPooler(Pooler):
-    """The encoder layers, the final norm and both ABSA heads, run over the pooled step; the
-    layers as piecewise CUDA graphs when ``graph_tokens`` (the step's token limit) is given."""
+    """The encoder layers, the final norm and both ABSA heads, run over the pooled step; on CUDA
+    the layers replay as CUDA graphs (:func:`~.full_graphs.pooler_graphs`) as ``settings`` asks."""
 
     def __init__(
-        self, config: ModernBertConfig, head_dtype: torch.dtype, prefix: str, graph_tokens: int | None
+        self, config: ModernBertConfig, prefix: str, vllm_config: VllmConfig, settings: AbsaSettings
     ) -> None:
         super().__init__()
         self.layers = nn.ModuleList(
             PackedModernBertLayer(config, i, f"{prefix}.layers.{i}") for i in range(config.num_hidden_layers)
         )
         self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+        head_dtype = vllm_config.model_config.head_dtype
         self.heads = AbsaHeads(config.hidden_size, config.num_labels, dtype=head_dtype)
         self.head_dtype = head_dtype
         self.attn_width = self.layers[0].attn.width
-        self.graphs = (
-            None
-            if graph_tokens is None
-            else LayerGraphs(list(self.layers), config.hidden_size, self.attn_width, graph_tokens)
+        self.graphs = pooler_graphs(
+            list(self.layers), config.hidden_size, self.attn_width, vllm_config,
+            settings.pooler_graphs, settings.pooler_full_graph_tokens,
         )
 
     def get_supported_tasks(self) -> Set[PoolingTask]:
@@ -198,8 +199,7 @@ class PackedModernBertForAspectSentiment(nn.Module, IsAttentionFree):
         super().__init__()
         config: ModernBertConfig = vllm_config.model_config.hf_config
         self.embeddings = PackedModernBertEmbeddings(config)
-        graphs = graph_tokens(vllm_config, AbsaSettings.from_hf_config(config).pooler_graphs)
-        self.pooler = PackedAbsaPooler(config, vllm_config.model_config.head_dtype, "pooler", graphs)
+        self.pooler = PackedAbsaPooler(config, "pooler", vllm_config, AbsaSettings.from_hf_config(config))
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embeddings.tok_embeddings(input_ids)

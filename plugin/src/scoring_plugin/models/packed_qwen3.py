@@ -42,7 +42,8 @@ from vllm.transformers_utils.config import set_default_rope_theta
 from vllm.v1.outputs import PoolerOutput
 from vllm.v1.pool.metadata import PoolingMetadata
 
-from scoring_plugin.models.layer_graphs import LayerGraphs, graph_tokens, run_layers
+from scoring_plugin.models.full_graphs import pooler_graphs
+from scoring_plugin.models.layer_graphs import run_layers
 from scoring_plugin.models.loading import load_all_weights
 from scoring_plugin.models.packed_attention import DevicePlan, PairAttention, step_plan
 from scoring_plugin.packing import PACKED_TASK
@@ -177,10 +178,10 @@ class PackedQwen3Layer(nn.Module):
 
 
 class PackedPairScorer(Pooler):
-    """The decoder layers, the final norm and the score head, run over the pooled step; the
-    layers as piecewise CUDA graphs when ``graph_tokens`` (the step's token limit) is given."""
+    """The decoder layers, the final norm and the score head, run over the pooled step; on CUDA
+    the layers replay as CUDA graphs (:func:`~.full_graphs.pooler_graphs`) as ``settings`` asks."""
 
-    def __init__(self, config: Qwen3Config, prefix: str, graph_tokens: int | None) -> None:
+    def __init__(self, config: Qwen3Config, prefix: str, vllm_config: VllmConfig, settings: RerankSettings) -> None:
         super().__init__()
         self.layers = nn.ModuleList(
             PackedQwen3Layer(config, f"{prefix}.layers.{i}") for i in range(config.num_hidden_layers)
@@ -189,10 +190,9 @@ class PackedPairScorer(Pooler):
         self.score = ReplicatedLinear(config.hidden_size, config.num_labels, bias=False, prefix=f"{prefix}.score")
         attention = self.layers[0].self_attn
         self.attn_width = attention.attn.num_heads * attention.head_dim
-        self.graphs = (
-            None
-            if graph_tokens is None
-            else LayerGraphs(list(self.layers), config.hidden_size, self.attn_width, graph_tokens)
+        self.graphs = pooler_graphs(
+            list(self.layers), config.hidden_size, self.attn_width, vllm_config,
+            settings.pooler_graphs, settings.pooler_full_graph_tokens,
         )
         self._kernels_chosen = False
 
@@ -250,8 +250,7 @@ class PackedQwen3ForSequenceClassification(nn.Module, IsAttentionFree):
         config: Qwen3Config = vllm_config.model_config.hf_config
         set_default_rope_theta(config, default_theta=1000000)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        graphs = graph_tokens(vllm_config, RerankSettings.from_hf_config(config).pooler_graphs)
-        self.pooler = PackedPairScorer(config, "pooler", graphs)
+        self.pooler = PackedPairScorer(config, "pooler", vllm_config, RerankSettings.from_hf_config(config))
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)

@@ -8,7 +8,13 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from scoring_plugin.config_sections import as_dict, overrides_key, read_section
+from scoring_plugin.config_sections import (
+    DEFAULT_FULL_GRAPH_TOKENS,
+    as_dict,
+    full_graph_tokens,
+    overrides_key,
+    read_section,
+)
 from scoring_plugin.rerank.types import Activation
 
 CONFIG_KEY = "scoring_rerank"
@@ -57,6 +63,8 @@ class RerankSettings:
     # Packed model on CUDA: its pooler's layers as piecewise CUDA graphs (off: eager, for
     # comparison and debugging).
     pooler_graphs: bool = True
+    # With pooler_graphs: steps up to this many tokens replay whole, attention included (0: off).
+    pooler_full_graph_tokens: int = DEFAULT_FULL_GRAPH_TOKENS
 
     @classmethod
     def from_hf_config(cls, hf_config: Any) -> RerankSettings:
@@ -85,6 +93,7 @@ class RerankSettings:
             max_documents=max_documents,
             max_pair_tokens=None if max_pair_tokens is None else int(max_pair_tokens),
             pooler_graphs=bool(own.get("pooler_graphs", True)),
+            pooler_full_graph_tokens=full_graph_tokens(own, CONFIG_KEY),
         )
 
 

@@ -1,0 +1,257 @@
+"""Small packed steps replayed as one CUDA graph each, attention included (vLLM's FULL mode,
+for the layers our packed poolers run).
+
+Piecewise graphs (:mod:`scoring_plugin.models.layer_graphs`) leave every attention call eager:
+on the H200 the 28 of a step cost ~1.9 ms of Python and launches, the K/V gathers included,
+while the GPU finishes a one-document rerank step or an 8-pair ABSA step in about a millisecond
+(``bench/results/host-profile-h200.md``). A small step is host-bound, and a whole-step graph
+removes the host work. Flash-attention's varlen call can be captured once its inputs have
+fixed shapes, so the step's plan is copied into static buffers sized by the bucket: query
+groups past the real ones are empty (their ``cu_seqlens`` entries repeat the end), key indices
+past the real ones read row 0, and ``max_seqlen`` is the bucket's token count. FA3 on Hopper
+schedules varlen tiles from ``cu_seqlens`` on the device (its persistent varlen scheduler), so
+neither the empty groups nor the loose bound launch work of their own.
+
+Each captured bucket is checked against the eager layers on a probe plan before it serves; a
+mismatch turns whole-step graphs off (logged) and the step falls back to piecewise graphs.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from vllm.config import VllmConfig
+
+from scoring_plugin.models.layer_graphs import (
+    GraphRunner,
+    LayerGraphs,
+    SplitLayer,
+    graph_tokens,
+    run_eager,
+    token_buckets,
+)
+from scoring_plugin.models.packed_attention import DevicePlan, flash_available
+from scoring_plugin.packing import AttentionPlan
+
+logger = logging.getLogger(__name__)
+
+# Probe tolerance, relative to the largest value: the graph runs the eager path's kernels, so
+# only flash-attention's bounds differ; a wiring error is off by the values' own size.
+PROBE_TOLERANCE = 0.02
+
+
+def group_capacity(tokens: int) -> int:
+    """Query groups a bucket of ``tokens`` holds: pairs averaging 16 tokens or more (a denser
+    step replays piecewise)."""
+    return max(16, tokens // 16)
+
+
+def key_capacity(tokens: int) -> int:
+    """Key rows a bucket holds: every segment re-reads its request's head, so a step's keys
+    exceed its tokens; twice the tokens covers heads up to the segments' own length."""
+    return 2 * tokens
+
+
+def padded(real: np.ndarray, size: int, fill: int) -> np.ndarray:
+    """``real`` followed by ``fill`` up to ``size`` entries: a plan array in a bucket's shape."""
+    out = np.full(size, fill, dtype=real.dtype)
+    out[: len(real)] = real
+    return out
+
+
+def probe_layouts(tokens: int) -> list[list[int]]:
+    """One request of exactly ``tokens`` tokens, with a head (where it fits) and three segments:
+    padding in every dimension of a bucket, groups of several lengths."""
+    head = 5 if tokens >= 16 else 0
+    body = tokens - head
+    first, second = max(1, body // 3), max(1, body // 4)
+    return [[head, first, second, body - first - second]] if body >= 3 else [[0, tokens]]
+
+
+class StaticInputs:
+    """What every bucket's graph reads, at fixed addresses: the step's embeddings and positions,
+    its plan padded to the bucket, and the attention output rows (zeroed: rows no plan writes
+    stay finite, so they cannot turn into NaNs in the row-wise ops that follow)."""
+
+    def __init__(
+        self, max_tokens: int, hidden_size: int, attn_width: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        self.embeds = torch.zeros(max_tokens, hidden_size, dtype=dtype, device=device)
+        self.positions = torch.zeros(max_tokens, dtype=torch.long, device=device)
+        self.attn = torch.zeros(max_tokens, attn_width, dtype=dtype, device=device)
+        self.kv_index = torch.zeros(key_capacity(max_tokens), dtype=torch.long, device=device)
+        self.cu_q = torch.zeros(group_capacity(max_tokens) + 1, dtype=torch.int32, device=device)
+        self.cu_k = torch.zeros_like(self.cu_q)
+
+    def plan(self, size: int) -> DevicePlan:
+        """A bucket's view of the buffers, with ``max_seqlen`` the bucket's size; it holds one
+        group of all ``size`` tokens until a step is loaded (what warm-up and capture run)."""
+        groups, keys = group_capacity(size), key_capacity(size)
+        cu = torch.from_numpy(padded(np.array([0], dtype=np.int32), groups + 1, size))
+        self.cu_q[: groups + 1].copy_(cu)
+        self.cu_k[: groups + 1].copy_(cu)
+        self.kv_index[:size].copy_(torch.arange(size))
+        return DevicePlan(
+            AttentionPlan.build([[0, size]]), self.positions[:size], self.kv_index[:keys],
+            self.cu_q[: groups + 1], self.cu_k[: groups + 1], self.positions[:0], size, size,
+        )
+
+    def load(self, bucket: DevicePlan, hidden: torch.Tensor, positions: torch.Tensor, plan: DevicePlan) -> bool:
+        """Copies a step into a bucket's view, device to device (no host synchronisation):
+        groups past the step's are empty, keys past its own read row 0. False, and nothing
+        copied, where the step has more groups or keys than the bucket holds."""
+        tokens = hidden.shape[0]
+        groups, keys = plan.cu_q.shape[0] - 1, plan.kv_index.shape[0]
+        if groups >= bucket.cu_q.shape[0] or keys > bucket.kv_index.shape[0]:
+            return False
+        self.embeds[:tokens].copy_(hidden)
+        self.positions[:tokens].copy_(positions)
+        _fill(bucket.cu_q, plan.cu_q, tokens)
+        _fill(bucket.cu_k, plan.cu_k, keys)
+        _fill(bucket.kv_index, plan.kv_index, 0)
+        return True
+
+
+@dataclass
+class _Bucket:
+    graph: torch.cuda.CUDAGraph
+    plan: DevicePlan  # the static inputs' view with this bucket's shapes and bounds
+    out: tuple[torch.Tensor, torch.Tensor]  # weak references into the graph pool
+
+
+class FullGraphs:
+    """:class:`~.layer_graphs.GraphRunner` for steps up to ``max_tokens`` whose groups and keys
+    fit their bucket. Captures every bucket on first use (vLLM's profiling run, so the graph
+    memory is counted), largest first in one pool."""
+
+    def __init__(
+        self, layers: Sequence[SplitLayer[DevicePlan]], hidden_size: int, attn_width: int, max_tokens: int
+    ) -> None:
+        self.layers = layers
+        self.hidden_size, self.attn_width = hidden_size, attn_width
+        self.buckets = token_buckets(max_tokens)
+        self._captured: dict[int, _Bucket] | None = None
+        self._inputs: StaticInputs | None = None
+
+    @property
+    def max_tokens(self) -> int:
+        return self.buckets[-1]
+
+    @property
+    def serving(self) -> bool:
+        """Captured, and every bucket passed its probe."""
+        return bool(self._captured)
+
+    def run(
+        self, hidden: torch.Tensor, positions: torch.Tensor, plan: DevicePlan
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if self._captured is None:
+            try:
+                self._captured = self._capture_all(hidden)
+            except RuntimeError:  # a kernel that refuses capture: serve piecewise, say so
+                logger.exception("whole-step pooler graphs could not be captured: off, small steps replay piecewise")
+                self._captured = {}
+        return self._replay(self._captured, hidden, positions, plan)
+
+    def _replay(
+        self, captured: dict[int, _Bucket], hidden: torch.Tensor, positions: torch.Tensor, plan: DevicePlan
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        tokens = hidden.shape[0]
+        if tokens > self.max_tokens or not captured:
+            return None
+        bucket = captured[self.buckets[bisect.bisect_left(self.buckets, tokens)]]
+        assert self._inputs is not None
+        if not self._inputs.load(bucket.plan, hidden, positions, plan):
+            return None
+        bucket.graph.replay()
+        out_hidden, out_residual = bucket.out
+        return out_hidden[:tokens], out_residual[:tokens]
+
+    def _capture_all(self, like: torch.Tensor) -> dict[int, _Bucket]:
+        from vllm.utils.torch_utils import weak_ref_tensor
+
+        largest = self.max_tokens
+        inputs = StaticInputs(largest, self.hidden_size, self.attn_width, like.dtype, like.device)
+        self._inputs = inputs
+        plans = {size: inputs.plan(size) for size in self.buckets}
+        # Lazy initialisation (cuBLAS handles, kernel attributes) must not happen in a capture.
+        run_eager(self.layers, inputs.embeds, inputs.positions, plans[largest], self.attn_width, inputs.attn)
+        torch.cuda.synchronize()
+        pool = torch.cuda.graph_pool_handle()
+        captured: dict[int, _Bucket] = {}
+        for size in reversed(self.buckets):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                hidden, residual = run_eager(
+                    self.layers, inputs.embeds[:size], inputs.positions[:size], plans[size], self.attn_width,
+                    inputs.attn[:size],
+                )
+            # Weak: a smaller bucket's capture may reuse this memory; only one bucket replays
+            # per step and its outputs are read before the next replay.
+            captured[size] = _Bucket(graph, plans[size], (weak_ref_tensor(hidden), weak_ref_tensor(residual)))
+            del hidden, residual
+        torch.cuda.synchronize()
+        worst = self._probe(captured, like)
+        if worst > PROBE_TOLERANCE:
+            logger.warning(
+                "whole-step pooler graphs differ from the eager layers (relative %.3g): off, "
+                "small steps replay piecewise", worst,
+            )
+            return {}
+        logger.info(
+            "captured %d whole-step pooler graphs up to %d tokens (probe difference <= %.2g)",
+            len(captured), largest, worst,
+        )
+        return captured
+
+    def _probe(self, captured: dict[int, _Bucket], like: torch.Tensor) -> float:
+        """Worst relative difference between replay and the eager layers over the buckets, each
+        with a probe step of its smallest token count (the most padding)."""
+        worst = 0.0
+        generator = torch.Generator(device=like.device).manual_seed(0)
+        smaller = 0
+        for size in self.buckets:
+            tokens, smaller = smaller + 1, size
+            plan = DevicePlan.of(AttentionPlan.build(probe_layouts(tokens)), like.device)
+            hidden = torch.randn(tokens, self.hidden_size, dtype=like.dtype, device=like.device, generator=generator)
+            expected = run_eager(self.layers, hidden, plan.positions, plan, self.attn_width)
+            replayed = self._replay(captured, hidden, plan.positions, plan)
+            assert replayed is not None
+            for want, got in zip(expected, replayed):
+                scale = max(float(want.abs().max()), 1e-6)
+                worst = max(worst, float((got.float() - want.float()).abs().max()) / scale)
+        return worst
+
+
+def _fill(static: torch.Tensor, real: torch.Tensor, fill: int) -> None:
+    count = real.shape[0]
+    static[:count].copy_(real)
+    if count < static.shape[0]:
+        static[count:].fill_(fill)
+
+
+def pooler_graphs(
+    layers: Sequence[SplitLayer[DevicePlan]],
+    hidden_size: int,
+    attn_width: int,
+    vllm_config: VllmConfig,
+    piecewise: bool,
+    full_tokens: int,
+) -> list[GraphRunner[DevicePlan]]:
+    """A packed pooler's graph runners, smallest steps first: whole-step graphs up to
+    ``full_tokens`` (CUDA, fp16/bf16 where flash-attention runs the layers' attention), then
+    piecewise graphs up to the step limit; none where graphs are off or cannot run."""
+    limit = graph_tokens(vllm_config, piecewise)
+    if limit is None:
+        return []
+    runners: list[GraphRunner[DevicePlan]] = []
+    full = min(full_tokens, limit)
+    if full >= 16 and vllm_config.model_config.dtype in (torch.float16, torch.bfloat16) and flash_available():
+        runners.append(FullGraphs(layers, hidden_size, attn_width, full))
+    runners.append(LayerGraphs(layers, hidden_size, attn_width, limit))
+    return runners
