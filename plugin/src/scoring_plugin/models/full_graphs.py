@@ -40,9 +40,11 @@ from scoring_plugin.packing import AttentionPlan
 
 logger = logging.getLogger(__name__)
 
-# Probe tolerance, relative to the largest value: the graph runs the eager path's kernels, so
-# only flash-attention's bounds differ; a wiring error is off by the values' own size.
-PROBE_TOLERANCE = 0.02
+# Probe tolerance, relative to the largest value after the whole stack: the graph runs the eager
+# path's kernels, but flash-attention's launch bounds differ (max_seqlen, groups), and so may its
+# accumulation order; 28 bf16 layers of random weights amplify that to ~0.02 on the H200, while
+# a wiring error (a stale input, a wrong plan) is off by the values' own size (>1 seen).
+PROBE_TOLERANCE = 0.1
 
 
 def group_capacity(tokens: int) -> int:
@@ -219,7 +221,8 @@ class FullGraphs:
             tokens, smaller = smaller + 1, size
             plan = DevicePlan.of(AttentionPlan.build(probe_layouts(tokens)), like.device)
             hidden = torch.randn(tokens, self.hidden_size, dtype=like.dtype, device=like.device, generator=generator)
-            expected = run_eager(self.layers, hidden, plan.positions, plan, self.attn_width)
+            # A clone: the first layer adds into its input in place (the residual stream).
+            expected = run_eager(self.layers, hidden.clone(), plan.positions, plan, self.attn_width)
             replayed = self._replay(captured, hidden, plan.positions, plan)
             assert replayed is not None
             for want, got in zip(expected, replayed):
