@@ -23,7 +23,6 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from vllm.config import VllmConfig
 
@@ -59,13 +58,6 @@ def key_capacity(tokens: int) -> int:
     return 2 * tokens
 
 
-def padded(real: np.ndarray, size: int, fill: int) -> np.ndarray:
-    """``real`` followed by ``fill`` up to ``size`` entries: a plan array in a bucket's shape."""
-    out = np.full(size, fill, dtype=real.dtype)
-    out[: len(real)] = real
-    return out
-
-
 def probe_layouts(tokens: int) -> list[list[int]]:
     """One request of exactly ``tokens`` tokens, with a head (where it fits) and three segments:
     padding in every dimension of a bucket, groups of several lengths."""
@@ -94,9 +86,9 @@ class StaticInputs:
         """A bucket's view of the buffers, with ``max_seqlen`` the bucket's size; it holds one
         group of all ``size`` tokens until a step is loaded (what warm-up and capture run)."""
         groups, keys = group_capacity(size), key_capacity(size)
-        cu = torch.from_numpy(padded(np.array([0], dtype=np.int32), groups + 1, size))
-        self.cu_q[: groups + 1].copy_(cu)
-        self.cu_k[: groups + 1].copy_(cu)
+        self.cu_q[: groups + 1].fill_(size)
+        self.cu_q[0] = 0
+        self.cu_k[: groups + 1].copy_(self.cu_q[: groups + 1])
         self.kv_index[:size].copy_(torch.arange(size))
         return DevicePlan(
             AttentionPlan.build([[0, size]]), self.positions[:size], self.kv_index[:keys],
