@@ -45,6 +45,10 @@ def test_absa_parity_report(tmp_path: Path, demo_models: dict[str, object], mode
     assert single["max_abs_prob_diff"] < 1e-5
     bf16 = report["fp32_vs_bfloat16"]  # reported, not gated: random weights give close calls
     assert bf16["pairs"] == PAIRS and bf16["labels_match"] >= 0.8 * PAIRS
+    # The served dtype's single calls against its batched ones (on CUDA: whole-step graphs
+    # against piecewise ones), reported too.
+    bf16_single = report["single_vs_batched_bfloat16"]
+    assert bf16_single["pairs"] == PAIRS and bf16_single["labels_match"] >= 0.8 * PAIRS
     assert f"labels_match           {PAIRS}/{PAIRS}" in printed
     assert len(report["plugin_labels_fp32"]) >= 2  # random weights still spread over labels
 

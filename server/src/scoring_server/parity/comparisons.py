@@ -34,14 +34,18 @@ async def compare_paths(
     async with started(settings.model_copy(update={"dtype": "float32"})) as fp32:
         batched = await run(fp32, True)
         single = await run(fp32, False)
-    served = None
+    served = served_single = None
     if dtype != "float32":
+        # Single calls too: on CUDA a packed engine replays small steps (one pair) as whole-step
+        # graphs and large ones (a batched call) piecewise, so this compares the two there.
         async with started(settings.model_copy(update={"dtype": dtype})) as path:
             served = await run(path, True)
+            served_single = await run(path, False)
     report: dict[str, Any] = {
         "reference_vs_plugin_fp32": compare(reference(), batched),
         "single_vs_batched_fp32": compare(batched, single),
     }
-    if served is not None:
+    if served is not None and served_single is not None:
         report[f"fp32_vs_{dtype}"] = compare(batched, served)
+        report[f"single_vs_batched_{dtype}"] = compare(served, served_single)
     return report, batched
