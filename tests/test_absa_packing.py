@@ -46,7 +46,12 @@ def _alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None
 
 @pytest.mark.parametrize("lengths", [[5], [3, 9, 4], [20, 1, 7]])
 @pytest.mark.parametrize("window", [None, 2])
-def test_bidirectional_pair_attention_equals_each_pair_alone(lengths: list[int], window: int | None) -> None:
+@pytest.mark.parametrize("budget", [None, 1], ids=["one-batch", "batch-per-group"])
+def test_bidirectional_pair_attention_equals_each_pair_alone(
+    lengths: list[int], window: int | None, budget: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if budget is not None:
+        monkeypatch.setattr("scoring_plugin.models.packed_attention.PADDED_SCORES_BUDGET", budget)
     torch.manual_seed(0)
     heads, dim = 2, 8
     tokens = sum(lengths)

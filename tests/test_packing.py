@@ -125,9 +125,15 @@ def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("layout", [[4, 3, 5], [1, 6, 1], [0, 5]])
-def test_pair_attention_equals_each_pair_alone(layout: list[int]) -> None:
-    """The per-group path (CPU) must give each segment exactly what causal attention over
-    head + segment alone gives, and the head what it gets alone: no pair sees another."""
+@pytest.mark.parametrize("budget", [None, 1], ids=["one-batch", "batch-per-group"])
+def test_pair_attention_equals_each_pair_alone(
+    layout: list[int], budget: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The padded-batch path (CPU, fp32) must give each segment exactly what causal attention
+    over head + segment alone gives, and the head what it gets alone: no pair sees another;
+    also when the groups are split over several batches (a step past the batch budget)."""
+    if budget is not None:
+        monkeypatch.setattr("scoring_plugin.models.packed_attention.PADDED_SCORES_BUDGET", budget)
     torch.manual_seed(0)
     heads, kv_heads, dim = 4, 2, 8
     tokens = sum(layout)

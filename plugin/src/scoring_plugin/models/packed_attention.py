@@ -3,13 +3,13 @@
 The packed models hold no KV cache and get no vLLM attention metadata (vLLM sees them as
 attention-free): the step's :class:`AttentionPlan` says which rows attend to which. On CUDA in
 fp16/bf16 one flash-attention varlen call covers the step, a query group per pair; elsewhere
-(the CPU backend, fp32) each group runs through SDPA with its own mask.
+(the CPU backend, fp32) the groups run as one padded SDPA batch with a mask per group.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -36,6 +36,9 @@ class DevicePlan:
     score_rows: torch.Tensor
     max_q: int
     max_k: int
+    # The plan as padded batches for the SDPA path, per (causal, window): built at the step's
+    # first layer, reused by the rest.
+    batches: dict[tuple[bool, int | None], list[PaddedGroups]] = field(default_factory=dict, compare=False)
 
     @classmethod
     def of(cls, plan: AttentionPlan, device: torch.device) -> DevicePlan:
@@ -117,24 +120,83 @@ class PairAttention(nn.Module):
                 softmax_scale=self.scale, causal=self.causal, out=out, **kwargs,
             )
         else:
-            self._per_group(q, k, v, plan.plan, out)
+            self._padded(q, k, v, plan, out)
 
-    def _per_group(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: AttentionPlan, out: torch.Tensor
-    ) -> None:
-        cu_q = plan.cu_q.tolist()
-        cu_k = plan.cu_k.tolist() if self.causal else cu_q
-        for g in range(len(cu_q) - 1):
-            qs, qe, ks, ke = cu_q[g], cu_q[g + 1], cu_k[g], cu_k[g + 1]
-            out[qs:qe] = F.scaled_dot_product_attention(
-                q[qs:qe].transpose(0, 1), k[ks:ke].transpose(0, 1), v[ks:ke].transpose(0, 1),
-                attn_mask=self._mask(qe - qs, ke - ks, q.device), scale=self.scale, enable_gqa=True,
-            ).transpose(0, 1)
+    def _padded(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DevicePlan, out: torch.Tensor) -> None:
+        key = (self.causal, self.window)
+        if key not in plan.batches:
+            plan.batches[key] = PaddedGroups.chunks(plan.plan, self.causal, self.window, self.num_heads, q.device)
+        for batch in plan.batches[key]:
+            queries = q[batch.q_rows].transpose(1, 2)  # [groups, heads, longest, dim]
+            keys, values = (t[batch.k_rows].transpose(1, 2) for t in (k, v))
+            attended = F.scaled_dot_product_attention(
+                queries, keys, values, attn_mask=batch.mask, scale=self.scale, enable_gqa=True
+            ).transpose(1, 2)
+            out.index_copy_(0, batch.dest, attended.reshape(-1, self.num_heads, self.head_dim)[batch.source])
 
-    def _mask(self, queries: int, keys: int, device: torch.device) -> torch.Tensor | None:
-        if self.causal:  # aligned to the group's end: query i sees the keys up to its own token
-            return torch.ones(queries, keys, dtype=torch.bool, device=device).tril(keys - queries)
-        if self.window is None or keys <= self.window + 1:
-            return None
-        rows = torch.arange(queries, device=device)
-        return (rows[:, None] - rows[None, :]).abs() <= self.window
+
+# Padded score elements (groups x heads x queries x keys) one SDPA call may hold; past it the
+# step's groups go in several calls.
+PADDED_SCORES_BUDGET = 1 << 26
+
+
+@dataclass(frozen=True, slots=True)
+class PaddedGroups:
+    """Consecutive query groups of a step as one padded batch, for one SDPA call per layer
+    where flash-attention does not run (the CPU backend, fp32): one call per group cost a
+    Python loop and a mask per pair in every layer. Padding query slots read key 0 only (a
+    fully masked row would be NaN) and are never written back."""
+
+    q_rows: torch.Tensor  # [groups, longest query group]: token rows, 0 in padding
+    k_rows: torch.Tensor  # [groups, longest key range]: key rows, 0 in padding
+    mask: torch.Tensor  # [groups, 1, queries, keys]: which keys each query reads
+    source: torch.Tensor  # real query slots in the flattened batch
+    dest: torch.Tensor  # their token rows
+
+    @classmethod
+    def chunks(
+        cls, plan: AttentionPlan, causal: bool, window: int | None, heads: int, device: torch.device
+    ) -> list[PaddedGroups]:
+        q_len = np.diff(plan.cu_q)
+        cu_k = plan.cu_k if causal else plan.cu_q
+        k_len = np.diff(cu_k)
+        chunks: list[PaddedGroups] = []
+        start = 0
+        while start < len(q_len):
+            end = start + 1
+            while end < len(q_len) and (
+                (end + 1 - start) * heads * int(q_len[start : end + 1].max()) * int(k_len[start : end + 1].max())
+                <= PADDED_SCORES_BUDGET
+            ):
+                end += 1
+            chunks.append(cls.build(plan.cu_q[start:end], q_len[start:end], cu_k[start:end], k_len[start:end],
+                                    causal, window, device))
+            start = end
+        return chunks
+
+    @classmethod
+    def build(
+        cls, q_start: np.ndarray, q_len: np.ndarray, k_start: np.ndarray, k_len: np.ndarray,
+        causal: bool, window: int | None, device: torch.device,
+    ) -> PaddedGroups:
+        i = np.arange(max(int(q_len.max()), 1))
+        j = np.arange(max(int(k_len.max()), 1))
+        q_valid = i[None, :] < q_len[:, None]
+        k_valid = j[None, :] < k_len[:, None]
+        mask = np.broadcast_to(k_valid[:, None, :], (len(q_len), len(i), len(j))).copy()
+        if causal:  # aligned to the group's end: query i sees the keys up to its own token
+            mask &= j[None, None, :] <= (i[None, :] + (k_len - q_len)[:, None])[:, :, None]
+        elif window is not None:  # a whole pair reading its own rows within the window
+            mask &= (np.abs(i[:, None] - j[None, :]) <= window)[None]
+        mask[~q_valid] = False
+        mask[..., 0] |= ~q_valid
+        q_rows = np.where(q_valid, q_start[:, None] + i[None, :], 0)
+        k_rows = np.where(k_valid, k_start[:, None] + j[None, :], 0)
+
+        def on_device(array: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
+
+        return cls(
+            on_device(q_rows), on_device(k_rows), on_device(mask[:, None]),
+            on_device(np.flatnonzero(q_valid)), on_device(q_rows[q_valid]),
+        )

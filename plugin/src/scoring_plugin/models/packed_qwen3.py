@@ -5,7 +5,7 @@ vLLM hands per-request parameters to the pooler, never to ``forward``; the layou
 request lives in its pooling parameters. So ``forward`` only embeds the tokens, and the pooler
 runs the transformer: it builds the step's :class:`AttentionPlan` from the layouts, runs the
 decoder layers with pair-isolated attention (flash-attention varlen on CUDA in fp16/bf16, where
-each query group reads its own key ranges; per-group SDPA elsewhere, fp32 included), and reads one score at the end of
+each query group reads its own key ranges; padded-batch SDPA elsewhere, fp32 included), and reads one score at the end of
 each segment. A request without a layout is one plain pair, so the model also serves unpacked
 prompts, with the same weights and checkpoint as ``Qwen3ForSequenceClassification``.
 
