@@ -4,6 +4,8 @@
 #   sh bench/h200_absa.sh parity    # packed path vs the HF reference, bf16 served (fp32 gated)
 #   sh bench/h200_absa.sh systems [SYSTEMS]  # default: ours packed, ours unpacked, stock
 #                                            # /classify in one run (bench/absa.py --systems)
+#   sh bench/h200_absa.sh fp32      # the fp32 scenario: ours packed (padded-batch SDPA, piecewise
+#                                   # graphs) and stock /classify, eager as the issue's baseline
 set -eu
 . bench/h200_env.sh
 cd bench
@@ -21,6 +23,10 @@ print(model)"
     ;;
 systems)
     python3 absa.py --systems "${2:-grpc,grpc-unpacked,classify}" --seconds-per-level 8 --work /tmp/bw \
+        --out "$OUT" 2>&1 | tail -30
+    ;;
+fp32)
+    python3 absa.py --scenario fp32 --systems grpc,classify --seconds-per-level 8 --work /tmp/bw \
         --out "$OUT" 2>&1 | tail -30
     ;;
 esac
