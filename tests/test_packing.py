@@ -125,7 +125,7 @@ def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("layout", [[4, 3, 5], [1, 6, 1], [0, 5]])
-@pytest.mark.parametrize("budget", [None, 1], ids=["one-batch", "batch-per-group"])
+@pytest.mark.parametrize("budget", [None, 512, 1], ids=["one-batch", "batches-of-a-few", "batch-per-group"])
 def test_pair_attention_equals_each_pair_alone(
     layout: list[int], budget: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

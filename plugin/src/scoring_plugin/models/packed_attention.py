@@ -123,6 +123,7 @@ class PairAttention(nn.Module):
             self._padded(q, k, v, plan, out)
 
     def _padded(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DevicePlan, out: torch.Tensor) -> None:
+        """:class:`PaddedGroups` of the plan, built at the first layer of this kind and reused."""
         key = (self.causal, self.window)
         if key not in plan.batches:
             plan.batches[key] = PaddedGroups.chunks(plan.plan, self.causal, self.window, self.num_heads, q.device)
@@ -157,21 +158,25 @@ class PaddedGroups:
     def chunks(
         cls, plan: AttentionPlan, causal: bool, window: int | None, heads: int, device: torch.device
     ) -> list[PaddedGroups]:
+        """The plan's groups in order, cut wherever a batch would pass PADDED_SCORES_BUDGET (a
+        group past it alone is a batch of its own)."""
         q_len = np.diff(plan.cu_q)
         cu_k = plan.cu_k if causal else plan.cu_q
         k_len = np.diff(cu_k)
+
+        def batch(start: int, end: int) -> PaddedGroups:
+            rows = slice(start, end)
+            return cls.build(plan.cu_q[rows], q_len[rows], cu_k[rows], k_len[rows], causal, window, device)
+
         chunks: list[PaddedGroups] = []
-        start = 0
-        while start < len(q_len):
-            end = start + 1
-            while end < len(q_len) and (
-                (end + 1 - start) * heads * int(q_len[start : end + 1].max()) * int(k_len[start : end + 1].max())
-                <= PADDED_SCORES_BUDGET
-            ):
-                end += 1
-            chunks.append(cls.build(plan.cu_q[start:end], q_len[start:end], cu_k[start:end], k_len[start:end],
-                                    causal, window, device))
-            start = end
+        start = longest_q = longest_k = 0
+        for g in range(len(q_len)):
+            grown_q, grown_k = max(longest_q, int(q_len[g])), max(longest_k, int(k_len[g]))
+            if g > start and (g + 1 - start) * heads * grown_q * grown_k > PADDED_SCORES_BUDGET:
+                chunks.append(batch(start, g))
+                start, grown_q, grown_k = g, int(q_len[g]), int(k_len[g])
+            longest_q, longest_k = grown_q, grown_k
+        chunks.append(batch(start, len(q_len)))
         return chunks
 
     @classmethod
