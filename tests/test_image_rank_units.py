@@ -60,6 +60,23 @@ def test_pixels_equal_the_hugging_face_processor(index: int) -> None:
     assert np.abs(ours - theirs).max() < 1e-5
 
 
+@pytest.mark.parametrize("mean_std", [None, ((0.5, 0.5, 0.5), (0.5, 0.25, 0.125))], ids=["clip", "custom"])
+def test_normalisation_table_gives_the_per_pixel_arithmetic_bit_for_bit(mean_std: tuple | None) -> None:
+    """The lookup table is an optimisation only: every value equals what rescaling (float64,
+    as the Hugging Face processor) and normalising (float32) each pixel gives."""
+    from scoring_plugin.image_rank.pixels import _normalise
+
+    settings = SETTINGS if mean_std is None else replace(SETTINGS, image_mean=mean_std[0], image_std=mean_std[1])
+    pixels = np.random.default_rng(4).integers(0, 256, (37, 23, 3), dtype=np.uint8)
+    scaled = (pixels.astype(np.float64) * (1 / 255)).astype(np.float32)
+    mean = np.asarray(settings.image_mean, dtype=np.float32)
+    std = np.asarray(settings.image_std, dtype=np.float32)
+    expected = ((scaled - mean) / std).transpose(2, 0, 1)
+    got = _normalise(pixels, settings)
+    assert got.dtype == np.float32 and got.flags["C_CONTIGUOUS"]
+    assert np.array_equal(got, expected)
+
+
 def _truncated() -> bytes:
     data = _encode(Image.fromarray(np.random.default_rng(1).integers(0, 256, (64, 64, 3), dtype=np.uint8)), "JPEG")
     return data[: len(data) * 2 // 3]

@@ -11,6 +11,7 @@ the limits (a 50 kB PNG can declare 100 megapixels).
 
 from __future__ import annotations
 
+import functools
 import io
 import warnings
 
@@ -89,7 +90,18 @@ def _center_crop(image: Image.Image, size: int) -> np.ndarray:
 
 
 def _normalise(pixels: np.ndarray, settings: ImageRankSettings) -> np.ndarray:
-    scaled = (pixels.astype(np.float64) * (1 / 255)).astype(np.float32)
-    mean = np.asarray(settings.image_mean, dtype=np.float32)
-    std = np.asarray(settings.image_std, dtype=np.float32)
-    return np.ascontiguousarray(((scaled - mean) / std).transpose(2, 0, 1))
+    """[3, H, W] float32 from [H, W, 3] uint8 through a per-channel table of the 256 values:
+    the same float32 arithmetic per value as computing every pixel, done 768 times instead of
+    once per pixel and channel (a 336x336 image: 1.3 ms -> a table lookup)."""
+    table = _normalise_table(tuple(settings.image_mean), tuple(settings.image_std))
+    return np.stack([table[c].take(pixels[:, :, c]) for c in range(3)])
+
+
+@functools.cache
+def _normalise_table(mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
+    """[3, 256] float32: value v of channel c scaled to [0, 1] (in float64, as the Hugging Face
+    processor rescales), then ``(x - mean[c]) / std[c]`` in float32."""
+    scaled = (np.arange(256, dtype=np.float64) * (1 / 255)).astype(np.float32)
+    means = np.asarray(mean, dtype=np.float32)[:, None]
+    stds = np.asarray(std, dtype=np.float32)[:, None]
+    return (scaled[None, :] - means) / stds
