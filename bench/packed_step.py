@@ -1,6 +1,7 @@
 """What one packed rerank step costs in the model itself, by token count: the pooler's decoder
-layers as whole-step CUDA graphs (attention included), as piecewise graphs and eager, the fused Q/K norm + rotary kernel against the unfused ops, and
-the kernels of the largest step from the torch profiler.
+layers as whole-step CUDA graphs (attention included), as piecewise graphs and eager, the fused
+Q/K norm + rotary kernel against the unfused ops, and the kernels of the largest step from the
+torch profiler.
 
 The engine runs in this process (no server, no scheduling, no IPC), so the numbers are the
 model's alone; set them against the server's stage breakdown in `bench/rerank.py` to see what
@@ -119,7 +120,9 @@ def main() -> None:
             if piecewise is not None:
                 row["graphs_ms"] = round(timed(lambda: piecewise.run(hidden, plan.positions, plan), args.repeats), 3)
             if full is not None and count <= full.max_tokens:
-                row["full_graph_ms"] = round(timed(lambda: full.run(hidden, plan.positions, plan), args.repeats), 3)
+                replayed = round(timed(lambda: full.run(hidden, plan.positions, plan), args.repeats), 3)
+                # A failed capture probe turns them off: run() then returns at once, not a timing.
+                row["full_graph_ms"] = replayed if full.serving else None
                 row["full_graph_serving"] = full.serving
             if fused_layers:
                 saved = [layer.self_attn.swap_norm_rope_cache(None) for layer in layers]
@@ -151,7 +154,7 @@ def main() -> None:
     lines = [f"One packed step in the model, {scenario.name}, {scenario.dtype}, {report['conditions']['device']}",
              "", header, "|---|---|---|---|---|---|---|"]
     for row in rows:
-        lines.append(f"| {row['tokens']} | {row['calls']} | {row['pairs']} | {row.get('full_graph_ms', '-')} | "
+        lines.append(f"| {row['tokens']} | {row['calls']} | {row['pairs']} | {row.get('full_graph_ms') or '-'} | "
                      f"{row.get('graphs_ms', '-')} | "
                      f"{row['eager_ms']} | {row.get('eager_unfused_ms', '-')} |")
     text = "\n".join(lines) + "\n\nKernels of the largest step (eager):\n\n```\n" + kernels + "\n```\n"

@@ -3,10 +3,11 @@
 The packed models run their transformer in the pooler (the only place that sees per-request
 parameters), where vLLM's CUDA graphs never reach. Eager, a 28-layer stack issues about 450
 kernel launches per step, each with its Python and dispatch cost: on the H200 that fixed cost,
-not the arithmetic, set the latency of a small rerank call. Attention cannot be captured (its
-query groups and key ranges change every step), everything between two attentions can: at a
-bucketed token count the pieces are replayed as graphs and only the attention runs eagerly, the
-way vLLM's own piecewise mode splits a compiled model at its attention ops.
+not the arithmetic, set the latency of a small rerank call. Attention's query groups and key
+ranges change every step, everything between two attentions does not: at a bucketed token count
+the pieces are replayed as graphs and only the attention runs eagerly, the way vLLM's own
+piecewise mode splits a compiled model at its attention ops. (Small steps go further and are
+captured whole, their plan padded into static buffers: :mod:`~.full_graphs`.)
 
 Rows past the step's tokens (up to the bucket) carry stale but finite values through row-wise
 ops only (norms, projections, MLP); attention reads real rows alone, so they never mix in.
