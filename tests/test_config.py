@@ -75,3 +75,21 @@ def test_absa_settings_travel_as_plugin_overrides() -> None:
     assert absa.effective_hf_overrides() == {"scoring_absa_overrides": {"max_pairs": 32}}
     with pytest.raises(ValidationError, match="rerank_mode"):
         ModelSettings(name="a", path="/a", dtype="float32", kind="absa", rerank_mode="cross_encoder")
+
+
+def test_frontends_share_a_fixed_port_and_tell_vllm_their_place() -> None:
+    from scoring_server.engines import engine_args
+
+    settings = settings_from_args(
+        parse_args(["--model-path", "/models/r", "--dtype", "float32", "--frontends", "3", "--port", "9000"])
+    )
+    assert settings.frontends == 3
+    with pytest.raises(ValidationError, match="fixed port"):
+        ServerSettings(frontends=2, port=0)
+    (model,) = settings.models
+    # As vLLM's --api-server-count sets them: -1 launches the engine, 0..n-1 are its clients.
+    launcher, client = engine_args(model, 3, -1), engine_args(model, 3, 2)
+    assert (launcher._api_process_count, launcher._api_process_rank) == (3, -1)
+    assert (client._api_process_count, client._api_process_rank) == (3, 2)
+    lone = engine_args(model)
+    assert (lone._api_process_count, lone._api_process_rank) == (1, 0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -26,10 +27,10 @@ from scoring.v1 import (
 )
 from scoring_server import tracing
 from scoring_server.config import ModelKind, ModelSettings, ServerSettings
-from scoring_server.engines import ModelRegistry, ServedModel
+from scoring_server.engines import EngineClientSlot, ModelRegistry, ServedModel
 from scoring_server import __version__
 from scoring_server.errors import ErrorMappingInterceptor
-from scoring_server.metrics import serve_metrics
+from scoring_server.metrics import SHARED_STATE_ENTRIES, serve_metrics, served_states
 from scoring_server.services.info import InfoServicer
 from scoring_server.services.absa import AbsaServicer
 from scoring_server.services.image_rank import ImageRankServicer
@@ -59,12 +60,18 @@ class EngineFailure(RuntimeError):
 
 
 class ScoringServer:
-    def __init__(self, settings: ServerSettings) -> None:
+    """`slots`: this process is one of several front-ends (`scoring_server.frontends`), reaching
+    engines the supervisor launched; it shares the port and leaves /metrics to the supervisor."""
+
+    def __init__(self, settings: ServerSettings, slots: dict[str, EngineClientSlot] | None = None) -> None:
         self.settings = settings
+        self.shared = slots is not None
         tracing.configure(settings.tracing)
         self.registry = ModelRegistry.from_settings(
             [_with_engine_tracing(m, settings.tracing) for m in settings.models]
         )
+        for name, slot in (slots or {}).items():
+            self.registry.models[name].slot = slot
         self.health = health.aio.HealthServicer()
         # Telemetry outermost: it sees the status the others produced, refusals included.
         interceptors: list[grpc.aio.ServerInterceptor] = [TelemetryInterceptor()]
@@ -76,7 +83,8 @@ class ScoringServer:
             options=[
                 ("grpc.max_receive_message_length", settings.max_receive_message_bytes),
                 ("grpc.max_send_message_length", settings.max_send_message_bytes),
-                ("grpc.so_reuseport", 0),
+                # Front-ends of one server share the port; a lone server must own it.
+                ("grpc.so_reuseport", int(self.shared)),
             ],
         )
         rerank_pb2_grpc.add_RerankServiceServicer_to_server(
@@ -119,9 +127,9 @@ class ScoringServer:
         await self.health.set(INFO_SERVICE, SERVING)
         await self.server.start()
         logger.info("listening on %s:%d", self.settings.host, self.port)
-        if self.settings.metrics_port is not None:
+        if self.settings.metrics_port is not None and not self.shared:
             bound = serve_metrics(
-                self.registry, self.settings.host, self.settings.metrics_port, __version__
+                lambda: served_states(self.registry), self.settings.host, self.settings.metrics_port, __version__
             )
             logger.info("metrics on http://%s:%d/metrics", self.settings.host, bound)
         await self.registry.start_all(self._on_model_ready)
@@ -144,6 +152,8 @@ class ScoringServer:
         balancers see the failure before the port closes; in-flight calls on the dead engine
         have already failed with UNAVAILABLE (vLLM fails them on the engine's exit)."""
         while True:
+            if self.shared:
+                self._publish_states()
             dead = [
                 m for m in self.registry.models.values()
                 if m.engine is not None and m.engine.errored
@@ -160,6 +170,12 @@ class ScoringServer:
                 await asyncio.sleep(self.settings.engine_failure_linger_s)
                 raise EngineFailure(f"engine died: {', '.join(names)}")
             await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
+
+    def _publish_states(self) -> None:
+        """For the supervisor's /metrics: this front-end's share of the request-state gauge
+        (refreshed every ENGINE_WATCH_INTERVAL_S)."""
+        for name, model in self.registry.models.items():
+            SHARED_STATE_ENTRIES.labels(name).set(model.processor.pending_states if model.processor else 0)
 
     async def drain(self) -> None:
         """Health first, so load balancers stop routing; then in-flight calls finish."""
@@ -179,8 +195,8 @@ def _with_engine_tracing(model: ModelSettings, settings: TracingSettings) -> Mod
     return model.model_copy(update={"engine_args": engine_args})
 
 
-async def serve(settings: ServerSettings) -> None:
-    server = ScoringServer(settings)
+async def serve(settings: ServerSettings, slots: dict[str, EngineClientSlot] | None = None) -> None:
+    server = ScoringServer(settings, slots)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -199,3 +215,12 @@ async def serve(settings: ServerSettings) -> None:
         for task in (starting, stopping, watching):
             task.cancel()
         await server.drain()
+
+
+def run(settings: ServerSettings, slots: dict[str, EngineClientSlot] | None = None) -> None:
+    """Serves until SIGTERM; a failure is logged and ends the process with exit code 1."""
+    try:
+        asyncio.run(serve(settings, slots))
+    except Exception:
+        logger.exception("server failed")
+        sys.exit(1)

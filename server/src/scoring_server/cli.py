@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import os
@@ -54,6 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host")
     parser.add_argument("--port", type=int)
     parser.add_argument("--drain-grace-s", type=float)
+    parser.add_argument(
+        "--frontends", type=int, help="gRPC front-end processes sharing the engines (default 1)"
+    )
     parser.add_argument("--no-reflection", action="store_true")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     parser.add_argument("--log-format", choices=["text", "json"])
@@ -83,6 +85,7 @@ def _settings_from_args(args: argparse.Namespace) -> ServerSettings:
         "host": args.host,
         "port": args.port,
         "drain_grace_s": args.drain_grace_s,
+        "frontends": args.frontends,
         "reflection": False if args.no_reflection else None,
         "metrics_port": args.metrics_port,
         "log_format": args.log_format,
@@ -143,13 +146,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     settings = settings_from_args(args)
     configure_logging(args.log_level, settings.log_format)
-    from scoring_server.app import serve
+    if settings.frontends > 1:
+        from scoring_server.frontends import supervise
 
-    try:
-        asyncio.run(serve(settings))
-    except Exception:
-        logging.getLogger("scoring_server").exception("server failed")
-        sys.exit(1)
+        sys.exit(supervise(settings, args.log_level))
+    from scoring_server.app import run
+
+    run(settings)
 
 
 if __name__ == "__main__":

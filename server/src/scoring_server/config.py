@@ -145,6 +145,12 @@ class ServerSettings(BaseSettings):
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     # Concurrent requests per bulk stream; bounds what one stream can hold in memory.
     stream_max_in_flight: int = Field(default=8, ge=1)
+    # gRPC front-end processes sharing each model's engine core (vLLM's `--api-server-count`).
+    # One process's event loop handles ~300-500 small calls/s; more front-ends multiply that.
+    # The kernel spreads *connections* over them (SO_REUSEPORT), so a client needs several
+    # channels, or a balancer that spreads calls, to use them all. Admission limits hold per
+    # front-end.
+    frontends: int = Field(default=1, ge=1, le=64)
     models: list[ModelSettings] = Field(default_factory=list)
 
     @model_validator(mode="after")
@@ -156,6 +162,8 @@ class ServerSettings(BaseSettings):
             defaults = [m.name for m in self.models if m.kind is kind and m.default]
             if len(defaults) > 1:
                 raise ValueError(f"more than one default {kind.value} model: {defaults}")
+        if self.frontends > 1 and self.port == 0:
+            raise ValueError("frontends > 1 share one fixed port: set port")
         return self
 
     @classmethod

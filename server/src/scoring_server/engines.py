@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from vllm import AsyncEngineArgs
 from vllm.plugins.io_processors import get_io_processor
@@ -50,7 +51,7 @@ _KIND_ENVIRONMENT: dict[ModelKind, dict[str, str]] = {
 
 
 @contextmanager
-def _engine_environment(values: dict[str, str]) -> Iterator[None]:
+def engine_environment(values: dict[str, str]) -> Iterator[None]:
     """Set while one engine starts: its processes inherit them, the server's other engines (started
     one after another) do not. vLLM reads these in the engine's own processes."""
     saved = {name: os.environ.get(name) for name in values}
@@ -65,10 +66,23 @@ def _engine_environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
+@dataclass(frozen=True)
+class EngineClientSlot:
+    """How one of several front-end processes reaches an engine core that the supervisor
+    launched (vLLM's multi-API-server wiring): the engine's ZMQ addresses with the listening
+    sockets the supervisor bound for this front-end, and this front-end's place among them."""
+
+    addresses: dict[str, Any]
+    count: int
+    index: int
+
+
 @dataclass
 class ServedModel:
     settings: ModelSettings
     admission: Admission = field(init=False)
+    # Set in a front-end process of several (`ServerSettings.frontends`): connect, do not launch.
+    slot: EngineClientSlot | None = None
     engine: AsyncLLM | None = None
     processor: Processor | None = None
     architecture: str = ""
@@ -154,7 +168,9 @@ _PACKED_ENVIRONMENT = {
 }
 
 
-def engine_args(settings: ModelSettings) -> AsyncEngineArgs:
+def engine_args(settings: ModelSettings, frontends: int = 1, frontend: int = 0) -> AsyncEngineArgs:
+    """`frontends`/`frontend`: how many front-end processes share the engine and which one this
+    is (-1: the supervisor that launches it), as vLLM's `--api-server-count` sets them."""
     args: dict[str, object] = {
         "max_model_len": settings.max_model_len,
         **_KIND_ENGINE_ARGS.get(settings.kind, {}),
@@ -163,7 +179,7 @@ def engine_args(settings: ModelSettings) -> AsyncEngineArgs:
     }
     if settings.pack_pairs:  # required, so they win over the deployment's engine_args
         args.update(_packed_engine_args(settings))
-    return AsyncEngineArgs(
+    built = AsyncEngineArgs(
         model=settings.path,
         served_model_name=settings.name,
         runner="pooling",
@@ -173,6 +189,8 @@ def engine_args(settings: ModelSettings) -> AsyncEngineArgs:
         io_processor_plugin=IO_PROCESSORS[settings.kind][0],
         **args,
     )
+    built._api_process_count, built._api_process_rank = frontends, frontend
+    return built
 
 
 def environment(settings: ModelSettings) -> dict[str, str]:
@@ -184,8 +202,8 @@ def environment(settings: ModelSettings) -> dict[str, str]:
 def _start(model: ServedModel) -> None:
     # The server context picks the engine defaults `vllm serve` gets (on an H200: 8192 batched
     # tokens per step, not the library's 2048, which split a 20-document request over two steps).
-    with _engine_environment(environment(model.settings)):
-        engine = AsyncLLM.from_engine_args(
+    with engine_environment(environment(model.settings)):
+        engine = _connect(model.settings, model.slot) if model.slot else AsyncLLM.from_engine_args(
             engine_args(model.settings), usage_context=UsageContext.OPENAI_API_SERVER
         )
     try:
@@ -199,3 +217,17 @@ def _start(model: ServedModel) -> None:
         raise
     model.architecture = ",".join(engine.vllm_config.model_config.architectures or [])
     model.engine, model.processor = engine, processor
+
+
+def _connect(settings: ModelSettings, slot: EngineClientSlot) -> AsyncLLM:
+    """A client of an engine core launched by the supervisor; returns once the engine has
+    loaded its model and answered (vLLM waits up to VLLM_ENGINE_READY_TIMEOUT_S)."""
+    args = engine_args(settings, slot.count, slot.index)
+    return AsyncLLM.from_vllm_config(
+        args.create_engine_config(UsageContext.OPENAI_API_SERVER),
+        usage_context=UsageContext.OPENAI_API_SERVER,
+        disable_log_stats=args.disable_log_stats,
+        client_addresses=dict(slot.addresses),
+        client_count=slot.count,
+        client_index=slot.index,
+    )

@@ -1,4 +1,6 @@
-"""Prometheus metrics of the server, beside vLLM's own (both in the process-wide registry).
+"""Prometheus metrics of the server, beside vLLM's own (both in the process-wide registry; with
+several front-end processes, in prometheus_client's multiprocess files, which the supervisor
+serves).
 
 Names follow Prometheus conventions (`_total`, `_seconds`); labels stay low-cardinality: service,
 method, status code, model and stage, never request ids.
@@ -6,9 +8,10 @@ method, status code, model and stage, never request ids.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram, Info, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -27,7 +30,11 @@ REQUEST_SECONDS = Histogram(
     "scoring_request_duration_seconds", "Whole-call latency, as the server saw it.",
     ["service", "method"], buckets=LATENCY_BUCKETS,
 )
-IN_FLIGHT = Gauge("scoring_requests_in_flight", "RPCs being handled now.", ["service", "method"])
+# "livesum": with several front-end processes, the sum over those alive.
+IN_FLIGHT = Gauge(
+    "scoring_requests_in_flight", "RPCs being handled now.", ["service", "method"],
+    multiprocess_mode="livesum",
+)
 STAGE_SECONDS = Histogram(
     "scoring_stage_duration_seconds",
     "Time per stage of a scoring call: parse (protobuf to input, validation), preprocess "
@@ -49,36 +56,80 @@ IMAGE_ERRORS = Counter(
     "too_large, url_forbidden, not_found, fetch_failed, fetch_timeout.",
     ["model", "reason"],
 )
-BUILD = Info("scoring_server", "Server version.")
+# Registered by serve_metrics into whichever registry the process serves.
+BUILD = Info("scoring_server", "Server version.", registry=None)
+STATE_ENTRIES_NAME = "scoring_request_state_entries"
+STATE_ENTRIES_HELP = "Request-scoped IO-processor state held now; grows only if something leaks."
+# A front-end process of several publishes its IO processors' state here (summed over the live
+# front-ends by the supervisor's /metrics); never registered, so that a single-process server's
+# collector stays the one source of the name.
+SHARED_STATE_ENTRIES = Gauge(
+    STATE_ENTRIES_NAME, STATE_ENTRIES_HELP, ["model"], multiprocess_mode="livesum", registry=None
+)
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """One served model as /metrics reports it. `pending_states` is None where this process
+    cannot see the IO processors (a supervisor of several front-ends: theirs arrive through
+    prometheus_client's multiprocess files as SHARED_STATE_ENTRIES)."""
+
+    name: str
+    kind: str
+    dtype: str
+    architecture: str
+    mode: str
+    ready: bool
+    pending_states: int | None
+
+
+def served_states(registry: ModelRegistry) -> list[ModelState]:
+    """The models of a server that holds its engines and IO processors in this process."""
+    return [
+        ModelState(
+            name,
+            model.settings.kind.value,
+            model.settings.dtype,
+            model.architecture,
+            model.processor.settings.mode.value if isinstance(model.processor, RerankerIOProcessor) else "",
+            model.ready,
+            model.processor.pending_states if model.processor else 0,
+        )
+        for name, model in registry.models.items()
+    ]
 
 
 class ModelStateCollector(Collector):
-    """Read at scrape time from the registry, so the numbers can never drift from the truth."""
+    """Read at scrape time, so the numbers can never drift from the truth."""
 
-    def __init__(self, registry: ModelRegistry) -> None:
-        self._registry = registry
+    def __init__(self, states: Callable[[], Iterable[ModelState]]) -> None:
+        self._states = states
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         labels = ["model", "kind", "dtype", "architecture", "mode"]
         info = GaugeMetricFamily("scoring_model_info", "Served models (value 1).", labels=labels)
         ready = GaugeMetricFamily("scoring_engine_ready", "1 when the model's engine serves.", labels=["model"])
-        states = GaugeMetricFamily(
-            "scoring_request_state_entries",
-            "Request-scoped IO-processor state held now; grows only if something leaks.",
-            labels=["model"],
-        )
-        for name, model in self._registry.models.items():
-            processor = model.processor
-            mode = processor.settings.mode.value if isinstance(processor, RerankerIOProcessor) else ""
-            info.add_metric([name, model.settings.kind.value, model.settings.dtype, model.architecture, mode], 1)
-            ready.add_metric([name], 1.0 if model.ready else 0.0)
-            states.add_metric([name], model.processor.pending_states if model.processor else 0)
-        yield from (info, ready, states)
+        states = GaugeMetricFamily(STATE_ENTRIES_NAME, STATE_ENTRIES_HELP, labels=["model"])
+        for model in self._states():
+            info.add_metric([model.name, model.kind, model.dtype, model.architecture, model.mode], 1)
+            ready.add_metric([model.name], 1.0 if model.ready else 0.0)
+            if model.pending_states is not None:
+                states.add_metric([model.name], model.pending_states)
+        yield from (info, ready)
+        if states.samples:
+            yield states
 
 
-def serve_metrics(registry: ModelRegistry, host: str, port: int, version: str) -> int:
+def serve_metrics(
+    states: Callable[[], Iterable[ModelState]],
+    host: str,
+    port: int,
+    version: str,
+    registry: CollectorRegistry = REGISTRY,
+) -> int:
     """Starts the /metrics HTTP endpoint (a daemon thread); returns the bound port."""
     BUILD.info({"version": version})
-    REGISTRY.register(ModelStateCollector(registry))
-    server, _thread = start_http_server(port, addr=host)
+    registry.register(BUILD)
+    registry.register(ModelStateCollector(states))
+    server, _thread = start_http_server(port, addr=host, registry=registry)
     return server.server_port

@@ -1,0 +1,245 @@
+"""Several gRPC front-end processes sharing each model's engine core (`frontends` > 1).
+
+One process's event loop (gRPC, protobuf, tokenization hand-offs, the engine client's output
+handling) tops out at a few hundred small calls per second while the engine core and the GPU
+still have room: ABSA on the H200 ran the loop at ~2 busy cores (GIL-bound) against the engine
+core's 0.7. As vLLM's `--api-server-count` does for its HTTP server, this supervisor binds each
+engine's ZMQ listeners, spawns the front-ends (each a whole `ScoringServer` on the same port,
+SO_REUSEPORT) and launches each model's engine core; every front-end is one client of every
+engine, through vLLM's own multi-client wiring.
+
+The supervisor owns the lifecycle: SIGTERM goes on to the front-ends (each drains as a lone
+server does), then the engines stop. A front-end or engine that dies takes the server down
+(exit 1), as an engine death does in one process; the surviving front-ends drain first (health
+NOT_SERVING), and calls in flight on a dead engine end at their deadline or the drain grace.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import tempfile
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from types import FrameType
+
+from vllm.config import VllmConfig
+from vllm.usage.usage_lib import UsageContext
+from vllm.v1.engine.utils import CoreEngineProcManager, EngineZmqListeners, bind_engine_zmq_listeners, launch_core_engines
+from vllm.v1.executor import Executor
+
+from scoring_plugin.rerank.settings import RerankSettings
+from scoring_server import __version__
+from scoring_server.config import ModelKind, ModelSettings, ServerSettings
+from scoring_server.engines import EngineClientSlot, engine_args, engine_environment, environment
+
+logger = logging.getLogger(__name__)
+
+# Beyond the drain grace, for a front-end to close its engine clients and exit.
+EXIT_MARGIN_S = 10.0
+_METRICS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
+
+
+class _Stop(Exception):
+    """SIGTERM or SIGINT reached the supervisor."""
+
+
+@dataclass
+class _Engine:
+    """One model's engine core as the supervisor holds it."""
+
+    settings: ModelSettings
+    vllm_config: VllmConfig
+    listeners: EngineZmqListeners
+    log_stats: bool
+    manager: CoreEngineProcManager | None = None
+    started: bool = False
+    processes: list[BaseProcess] = field(default_factory=list)
+
+    @classmethod
+    def configure(cls, settings: ModelSettings, frontends: int) -> _Engine:
+        if int(settings.engine_args.get("data_parallel_size") or 1) > 1:
+            raise ValueError(
+                f"model {settings.name!r}: frontends > 1 with data_parallel_size > 1 is not supported"
+            )
+        with engine_environment(environment(settings)):
+            args = engine_args(settings, frontends, -1)
+            vllm_config = args.create_engine_config(UsageContext.OPENAI_API_SERVER)
+        return cls(settings, vllm_config, bind_engine_zmq_listeners(vllm_config, frontends), not args.disable_log_stats)
+
+    def slot(self, index: int, count: int) -> EngineClientSlot:
+        inputs, outputs = self.listeners.inputs[index], self.listeners.outputs[index]
+        return EngineClientSlot(
+            {
+                "input_address": inputs.address,
+                "output_address": outputs.address,
+                "input_listener": inputs.socket,
+                "output_listener": outputs.socket,
+            },
+            count,
+            index,
+        )
+
+    def launch(self, frontends: list[BaseProcess]) -> None:
+        """Starts the engine core and returns once it has loaded its model (vLLM's startup
+        handshake, which also gives up if a front-end dies meanwhile)."""
+        with engine_environment(environment(self.settings)):
+            with launch_core_engines(
+                self.vllm_config, Executor.get_class(self.vllm_config), self.log_stats, self.listeners.addresses
+            ) as launched:
+                if not isinstance(launched.engine_manager, CoreEngineProcManager) or launched.coordinator:
+                    raise RuntimeError("expected one local engine core process and no coordinator")
+                self.manager = launched.engine_manager
+                self.processes = list(self.manager.processes)
+                launched.watched_frontend_processes = frontends
+        self.started = True
+
+    @property
+    def alive(self) -> bool:
+        return self.started and all(p.is_alive() for p in self.processes)
+
+    def shutdown(self) -> None:
+        if self.manager is not None:
+            self.manager.shutdown()
+        for listener in (*self.listeners.inputs, *self.listeners.outputs):
+            listener.cleanup()
+
+
+def supervise(settings: ServerSettings, log_level: str) -> int:
+    """Runs the server until SIGTERM/SIGINT (returns 0) or until a process dies (returns 1)."""
+    metrics_dir = _metrics_directory(settings)
+    stopping = False
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if not stopping:
+            raise _Stop
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    engines: list[_Engine] = []
+    frontends: list[BaseProcess] = []
+    try:
+        engines = [_Engine.configure(m, settings.frontends) for m in settings.models]
+        frontends = _spawn_frontends(settings, engines, log_level)
+        if settings.metrics_port is not None:
+            _serve_metrics(settings, engines)
+        for engine in engines:  # one after another, as a lone server starts them
+            engine.launch(frontends)
+            logger.info("engine core of %s ready", engine.settings.name)
+        gone = _wait_for_exit(frontends, engines)
+        logger.error("%s exited; stopping the server", ", ".join(gone))
+        return 1
+    except _Stop:
+        logger.info("stopping %d front-ends", len(frontends))
+        return 0
+    finally:
+        stopping = True
+        _stop(frontends, settings.drain_grace_s + EXIT_MARGIN_S)
+        for engine in engines:
+            engine.shutdown()
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _metrics_directory(settings: ServerSettings) -> Path | None:
+    """Where the front-ends' metric values meet (prometheus_client's multiprocess mode reads
+    the variable at import, so it is set before any process starts). An operator's own
+    directory is used and left in place."""
+    if settings.metrics_port is None or os.environ.get(_METRICS_DIR_VARIABLE):
+        return None
+    path = Path(tempfile.mkdtemp(prefix="scoring-metrics-"))
+    os.environ[_METRICS_DIR_VARIABLE] = str(path)
+    return path
+
+
+def _spawn_frontends(settings: ServerSettings, engines: list[_Engine], log_level: str) -> list[BaseProcess]:
+    context = multiprocessing.get_context("spawn")
+    processes: list[BaseProcess] = []
+    for index in range(settings.frontends):
+        slots = {e.settings.name: e.slot(index, settings.frontends) for e in engines}
+        process = context.Process(
+            target=run_frontend, args=(settings, slots, log_level), name=f"ScoringFrontend_{index}"
+        )
+        process.start()
+        processes.append(process)
+        logger.info("front-end %d started (pid %s)", index, process.pid)
+    for engine in engines:  # the front-ends own their copies now
+        for listener in (*engine.listeners.inputs, *engine.listeners.outputs):
+            listener.close()
+    return processes
+
+
+def run_frontend(settings: ServerSettings, slots: dict[str, EngineClientSlot], log_level: str) -> None:
+    """A front-end process: the same server a lone process runs, as a client of the engines."""
+    from scoring_server.app import run
+    from scoring_server.cli import configure_logging
+
+    configure_logging(log_level, settings.log_format)
+    run(settings, slots)
+
+
+def _serve_metrics(settings: ServerSettings, engines: list[_Engine]) -> None:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    from scoring_server.metrics import ModelState, serve_metrics
+
+    def states() -> list[ModelState]:
+        return [
+            ModelState(
+                e.settings.name,
+                e.settings.kind.value,
+                e.settings.dtype,
+                ",".join(e.vllm_config.model_config.architectures or []),
+                _rerank_mode(e),
+                e.alive,
+                None,  # the front-ends publish theirs (scoring_server.metrics.SHARED_STATE_ENTRIES)
+            )
+            for e in engines
+        ]
+
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry)
+    assert settings.metrics_port is not None
+    bound = serve_metrics(states, settings.host, settings.metrics_port, __version__, registry)
+    logger.info("metrics of all front-ends on http://%s:%d/metrics", settings.host, bound)
+
+
+def _rerank_mode(engine: _Engine) -> str:
+    if engine.settings.kind is not ModelKind.RERANK:
+        return ""
+    return RerankSettings.from_hf_config(engine.vllm_config.model_config.hf_config).mode.value
+
+
+def _wait_for_exit(frontends: list[BaseProcess], engines: list[_Engine]) -> list[str]:
+    """Blocks until a front-end or an engine process exits; names what did."""
+    watched = {p.sentinel: f"front-end {i} (exit code {{}})" for i, p in enumerate(frontends)}
+    processes = {p.sentinel: p for p in frontends}
+    for engine in engines:
+        for p in engine.processes:
+            watched[p.sentinel] = f"engine core of {engine.settings.name} (exit code {{}})"
+            processes[p.sentinel] = p
+    ended = wait(list(watched))
+    for sentinel in ended:
+        processes[sentinel].join(5)  # the sentinel can fire just before the exit status is there
+    return [watched[s].format(processes[s].exitcode) for s in ended]
+
+
+def _stop(frontends: list[BaseProcess], timeout: float) -> None:
+    """SIGTERM (each drains), then SIGKILL for any still running after `timeout`."""
+    for process in frontends:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + timeout
+    for process in frontends:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            logger.error("front-end pid %s did not exit in %.0f s; killing it", process.pid, timeout)
+            process.kill()
+            process.join()
