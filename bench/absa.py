@@ -7,7 +7,8 @@ weights: speed does not depend on weight values), same generated pairs (aspects 
 reviews of 30-90 words; the bench tokenizer knows each word as one token), 8 pairs per request,
 same dtype, same GPU. Closed-loop load (see harness.py). Our server packs every pair of a call
 into one engine request (`pack_pairs`; `--no-pack` turns it off, `grpc-unpacked` adds the
-unpacked server to the same run).
+unpacked server to the same run); `grpc-frontends` runs it with `--frontends` gRPC front-end
+processes sharing the engine core (the client then spreads its calls over several connections).
 
     python bench/absa.py --out bench/results                      # GPU, bf16
     python bench/absa.py --scenario fp32 --out bench/results      # GPU, fp32 (eager)
@@ -32,6 +33,7 @@ from harness import (
     closed_loop,
     conditions,
     free_port,
+    grpc_channels,
     grpc_serving,
     int_list,
     log,
@@ -47,6 +49,9 @@ from harness import (
     write_results,
 )
 
+# Connections per front-end process for grpc-frontends: the kernel assigns each connection to a
+# front-end at random, so a few per front-end keep the split near even.
+CHANNELS_PER_FRONTEND = 4
 WORDS = (
     "food service wait price room staff view coffee table music menu dessert portion bread "
     "was were very quite too really not never always great good fine slow cold warm fresh "
@@ -147,10 +152,13 @@ async def drive(system: str, send, requests: list[Pairs], scenario: Scenario, se
 
 async def bench_grpc(
     model: Path, scenario: Scenario, requests: list[Pairs], work: Path, packed: bool, system: str,
-    full_graph_tokens: int | None = None,
+    full_graph_tokens: int | None = None, frontends: int = 1,
 ) -> list[Level]:
-    """Our server; ``full_graph_tokens`` its ``pack_full_graph_tokens`` (None: the default)."""
-    import grpc
+    """Our server; ``full_graph_tokens`` its ``pack_full_graph_tokens`` (None: the default). With
+    several ``frontends`` the client opens CHANNELS_PER_FRONTEND connections per front-end and
+    sends its calls over them in turn."""
+    import itertools
+
     import yaml
 
     from scoring.v1 import absa_pb2, absa_pb2_grpc
@@ -168,17 +176,18 @@ async def bench_grpc(
     if full_graph_tokens is not None:
         settings["pack_full_graph_tokens"] = full_graph_tokens
     config.write_text(yaml.safe_dump({"port": port, "host": "127.0.0.1", "metrics_port": metrics_port,
-                                      "models": [settings]}))
-    log("grpc: starting our server")
+                                      "frontends": frontends, "models": [settings]}))
+    log(f"{system}: starting our server")
     server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], work / "absa-grpc-server.log")
+    count = 1 if frontends == 1 else CHANNELS_PER_FRONTEND * frontends
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            await wait_ready(grpc_serving(channel), server, work / "absa-grpc-server.log", "our server")
-            stub = absa_pb2_grpc.AbsaServiceStub(channel)
+        async with grpc_channels(f"127.0.0.1:{port}", count) as channels:
+            await wait_ready(grpc_serving(*channels), server, work / "absa-grpc-server.log", "our server")
+            stubs = itertools.cycle([absa_pb2_grpc.AbsaServiceStub(channel) for channel in channels])
 
             async def send(pairs: Pairs) -> int:
                 request = absa_pb2.AnalyzeRequest(pairs=[absa_pb2.AbsaPair(aspect=a, review=r) for a, r in pairs])
-                response = await stub.Analyze(request, timeout=60)
+                response = await next(stubs).Analyze(request, timeout=60)
                 assert len(response.results) == len(pairs)
                 return response.usage.prompt_tokens
 
@@ -305,6 +314,9 @@ async def main_async(args: argparse.Namespace) -> Report:
     if "grpc-piecewise" in systems and scenario.pack_pairs:
         report.levels += await bench_grpc(absa, scenario, requests, work, True,
                                           "grpc (ours, piecewise graphs only)", full_graph_tokens=0)
+    if "grpc-frontends" in systems:
+        report.levels += await bench_grpc(absa, scenario, requests, work, scenario.pack_pairs,
+                                          f"grpc (ours, {args.frontends} front-ends)", frontends=args.frontends)
     if "plugin" in systems:
         report.levels += await bench_http("vllm serve /pooling + plugin", absa, scenario, requests, work,
                                           ["--io-processor-plugin", "absa"], plugin_pooling)
@@ -318,7 +330,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu-smoke", action="store_true")
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="bf16")
-    parser.add_argument("--systems", default="hf,grpc,plugin,classify", help="of hf,grpc,grpc-unpacked,grpc-piecewise,plugin,classify")
+    parser.add_argument("--systems", default="hf,grpc,plugin,classify",
+                        help="of hf,grpc,grpc-unpacked,grpc-piecewise,grpc-frontends,plugin,classify")
+    parser.add_argument("--frontends", type=int, default=4, help="front-end processes of grpc-frontends")
     parser.add_argument("--no-pack", action="store_true", help="our server without pair packing")
     parser.add_argument("--seconds-per-level", type=float, help="override the scenario's")
     parser.add_argument("--concurrency", type=int_list, default=[], help="e.g. 1,32: override the scenario's levels")

@@ -6,6 +6,8 @@
 #                                            # /classify in one run (bench/absa.py --systems)
 #   sh bench/h200_absa.sh fp32      # the fp32 scenario: ours packed (padded-batch SDPA, piecewise
 #                                   # graphs) and stock /classify, eager as the baseline
+#   sh bench/h200_absa.sh frontends [N]  # ours with one and with N (default 4) gRPC front-end
+#                                        # processes, and stock /classify, in one run (~6 min)
 set -eu
 . bench/h200_env.sh
 cd bench
@@ -28,5 +30,9 @@ systems)
 fp32)
     python3 absa.py --scenario fp32 --systems grpc,classify --seconds-per-level 8 --work /tmp/bw \
         --out "$OUT" 2>&1 | tail -30
+    ;;
+frontends)
+    python3 absa.py --systems grpc,grpc-frontends,classify --frontends "${2:-4}" --seconds-per-level 8 \
+        --work /tmp/bw --out "$OUT" 2>&1 | tail -30
     ;;
 esac

@@ -16,7 +16,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,17 +149,38 @@ async def wait_ready(ready: Callable[[], Awaitable[bool]], server: subprocess.Po
         await asyncio.sleep(1)
 
 
-def grpc_serving(channel: Any) -> Callable[[], Awaitable[bool]]:
-    """A readiness check for `wait_ready`: our server's overall health is SERVING."""
+def grpc_serving(*channels: Any) -> Callable[[], Awaitable[bool]]:
+    """A readiness check for `wait_ready`: our server's overall health is SERVING on every
+    channel (with several front-ends, each connection's own)."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    health = health_pb2_grpc.HealthStub(channel)
+    stubs = [health_pb2_grpc.HealthStub(channel) for channel in channels]
 
     async def serving() -> bool:
-        reply = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
-        return reply.status == health_pb2.HealthCheckResponse.SERVING
+        for health in stubs:
+            reply = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+            if reply.status != health_pb2.HealthCheckResponse.SERVING:
+                return False
+        return True
 
     return serving
+
+
+@asynccontextmanager
+async def grpc_channels(target: str, count: int, options: Sequence[tuple[str, Any]] = ()) -> AsyncIterator[list[Any]]:
+    """`count` channels with a connection each (grpc shares one per target by default): the
+    kernel spreads connections, not calls, over a server's front-end processes."""
+    import grpc
+
+    channels = [
+        grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1), *options])
+        for _ in range(count)
+    ]
+    try:
+        yield channels
+    finally:
+        for channel in channels:
+            await channel.close()
 
 
 def _process_tree(pid: int) -> list[Any]:

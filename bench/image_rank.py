@@ -22,9 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from harness import (
-    Level, Report, closed_loop, conditions, free_port, grpc_serving, log, mib, offline_rate, ratio, start, stop,
-    wait_ready, write_results,
+    Level, Report, closed_loop, conditions, free_port, grpc_channels, grpc_serving, int_list, log, mib, offline_rate,
+    ratio, start, stop, wait_ready, write_results,
 )
+
+# Connections per front-end process when there are several (see absa.py).
+CHANNELS_PER_FRONTEND = 4
 
 
 @dataclass
@@ -67,8 +70,11 @@ def make_requests(scenario: Scenario, n: int, pictures: int, seed: int = 0) -> l
     return [(rng.choice(QUERIES), rng.sample(range(pictures), scenario.images_per_request)) for _ in range(n)]
 
 
-async def bench_grpc(model: Path, scenario: Scenario, images: list[bytes], requests: list[Request], work: Path) -> list[Level]:
-    import grpc
+async def bench_grpc(model: Path, scenario: Scenario, images: list[bytes], requests: list[Request], work: Path,
+                     frontends: int = 1) -> list[Level]:
+    """Our server, with ``frontends`` gRPC front-end processes (image decoding runs in each)."""
+    import itertools
+
     import yaml
 
     from scoring.v1 import image_rank_pb2, image_rank_pb2_grpc
@@ -84,20 +90,20 @@ async def bench_grpc(model: Path, scenario: Scenario, images: list[bytes], reque
     if scenario.tiny:
         engine_args["kv_cache_memory_bytes"] = 64 * 1024 * 1024
     config = work / "image-grpc-server.yaml"
-    config.write_text(yaml.safe_dump({"port": port, "host": "127.0.0.1", "models": [{
+    config.write_text(yaml.safe_dump({"port": port, "host": "127.0.0.1", "frontends": frontends, "models": [{
         "name": "images", "kind": "image_rank", "path": str(model), "dtype": scenario.dtype,
         "gpu_memory_utilization": scenario.gpu_memory_utilization, "engine_args": engine_args,
         "hf_overrides": {"scoring_image_rank_overrides": {**scenario.deployment, "allowed_networks": ["127.0.0.1/32"]}},
     }]}))
-    log("grpc: starting our server")
+    log(f"grpc: starting our server ({frontends} front-ends)")
     server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], work / "image-grpc-server.log")
     levels: list[Level] = []
+    suffix = "" if frontends == 1 else f", {frontends} front-ends"
     try:
-        async with grpc.aio.insecure_channel(
-            f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 64 << 20)]
-        ) as channel:
-            await wait_ready(grpc_serving(channel), server, work / "image-grpc-server.log", "our server")
-            stub = image_rank_pb2_grpc.ImageRankServiceStub(channel)
+        count = 1 if frontends == 1 else CHANNELS_PER_FRONTEND * frontends
+        async with grpc_channels(f"127.0.0.1:{port}", count, [("grpc.max_send_message_length", 64 << 20)]) as channels:
+            await wait_ready(grpc_serving(*channels), server, work / "image-grpc-server.log", "our server")
+            stubs = itertools.cycle([image_rank_pb2_grpc.ImageRankServiceStub(channel) for channel in channels])
 
             def sender(by_url: bool):  # type: ignore[no-untyped-def]
                 async def send(request: Request) -> int:
@@ -108,7 +114,7 @@ async def bench_grpc(model: Path, scenario: Scenario, images: list[bytes], reque
                             message.images.add(url=f"http://127.0.0.1:{http_port}/{i}.jpg")
                         else:
                             message.images.add(data=images[i])
-                    response = await stub.RankImages(message, timeout=120)
+                    response = await next(stubs).RankImages(message, timeout=120)
                     failed = [r.error.message for r in response.results if r.HasField("error")]
                     if failed:
                         raise RuntimeError(failed[0])
@@ -116,7 +122,7 @@ async def bench_grpc(model: Path, scenario: Scenario, images: list[bytes], reque
 
                 return send
 
-            for system, by_url in (("grpc (ours), inline JPEG", False), ("grpc (ours), URLs", True)):
+            for system, by_url in ((f"grpc (ours{suffix}), inline JPEG", False), (f"grpc (ours{suffix}), URLs", True)):
                 send = sender(by_url)
                 n = scenario.images_per_request
                 await closed_loop(send, requests, n, max(scenario.concurrency), min(5.0, scenario.seconds_per_level),
@@ -192,7 +198,8 @@ async def main_async(args: argparse.Namespace) -> Report:
     if "hf" in systems:
         report.hf_items_per_s = bench_hf(model, scenario, images, requests)
     if "grpc" in systems:
-        report.levels += await bench_grpc(model, scenario, images, requests, work)
+        for frontends in args.frontends:
+            report.levels += await bench_grpc(model, scenario, images, requests, work, frontends)
     return report
 
 
@@ -202,6 +209,7 @@ def main() -> None:
     parser.add_argument("--systems", default="hf,grpc")
     parser.add_argument("--seconds-per-level", type=float, help="override the scenario's")
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs (skips compilation and capture)")
+    parser.add_argument("--frontends", type=int_list, default=[1], help="e.g. 1,4: our server once per count")
     parser.add_argument("--work", default="/tmp/scoring-bench")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
