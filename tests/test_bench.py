@@ -63,7 +63,8 @@ def test_absa_bench_cpu_smoke(tmp_path: Path) -> None:
     out = tmp_path / "results"
     done = subprocess.run(
         [sys.executable, str(REPO / "bench" / "absa.py"), "--cpu-smoke",
-         "--systems", "hf,grpc,grpc-unpacked,plugin,classify", "--concurrency", "2",
+         "--systems", "hf,grpc,grpc-unpacked,grpc-frontends,plugin,classify", "--frontends", "2",
+         "--concurrency", "2",
          "--out", str(out), "--work", str(tmp_path / "work")],
         capture_output=True, text=True, timeout=1200, env=tool_env(),
     )
@@ -72,12 +73,12 @@ def test_absa_bench_cpu_smoke(tmp_path: Path) -> None:
     report = json.loads(report_file.read_text())
     systems = {level["system"] for level in report["levels"]}
     assert systems == {
-        "grpc (ours)", "grpc (ours, unpacked)", "vllm serve /pooling + plugin",
+        "grpc (ours)", "grpc (ours, unpacked)", "grpc (ours, 2 front-ends)", "vllm serve /pooling + plugin",
         "vllm serve /classify (stock, sentiment only)",
     }
     assert report["scenario"]["pack_pairs"] is True
     assert "Server-reported means per call" in done.stdout
-    ours = [l for l in report["levels"] if l["system"] == "grpc (ours)"]
+    ours = [l for l in report["levels"] if l["system"] in ("grpc (ours)", "grpc (ours, 2 front-ends)")]
     assert all(l["server_stages_ms"]["engine"] > 0 for l in ours)
     assert report["hf_items_per_s"] > 0
     for level in report["levels"]:

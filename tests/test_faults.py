@@ -1,6 +1,7 @@
 """Faults: the engine process dies under load. Chosen behaviour (see docs/reliability.md): health
 goes NOT_SERVING, in-flight calls fail with UNAVAILABLE within a second, and the server exits
-non-zero for the orchestrator to restart it."""
+non-zero for the orchestrator to restart it, leaving no process behind; the same with several
+front-end processes, each told by the supervisor."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import grpc
 import psutil
+import pytest
 
 from conftest import DEMO_DIR, start_server, stop_server
 from scoring.v1 import absa_pb2, absa_pb2_grpc
@@ -24,9 +26,11 @@ def _engine_core(pid: int) -> psutil.Process:
     return core
 
 
-def test_engine_death_fails_in_flight_calls_fast_and_exits_nonzero(tmp_path: Path) -> None:
+@pytest.mark.parametrize("frontends", [1, 2])
+def test_engine_death_fails_in_flight_calls_fast_and_exits_nonzero(tmp_path: Path, frontends: int) -> None:
     server = start_server(
-        ["--demo", "--demo-dir", str(DEMO_DIR), "--demo-models", "absa-bert"],
+        ["--demo", "--demo-dir", str(DEMO_DIR), "--demo-models", "absa-bert", "--frontends", str(frontends),
+         "--drain-grace-s", "2"],
         tmp_path / "server.log",
         wait_service="scoring.v1.AbsaService",
     )
@@ -37,7 +41,8 @@ def test_engine_death_fails_in_flight_calls_fast_and_exits_nonzero(tmp_path: Pat
         request = absa_pb2.AnalyzeRequest()
         for i in range(32):
             request.pairs.add(aspect=f"aspect {i}", review=REVIEW)
-        with grpc.insecure_channel(server.target) as channel:
+        # A connection per thread: with several front-ends, the kernel spreads connections.
+        with grpc.insecure_channel(server.target, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
             stub = absa_pb2_grpc.AbsaServiceStub(channel)
             while not stop.is_set():
                 started = time.monotonic()
@@ -54,6 +59,7 @@ def test_engine_death_fails_in_flight_calls_fast_and_exits_nonzero(tmp_path: Pat
             thread.start()
         time.sleep(2.0)
         assert any(code == grpc.StatusCode.OK for *_, code in calls), calls
+        processes = psutil.Process(server.process.pid).children(recursive=True)
         os.kill(_engine_core(server.process.pid).pid, signal.SIGKILL)
         killed = time.monotonic()
         statuses = []
@@ -79,6 +85,8 @@ def test_engine_death_fails_in_flight_calls_fast_and_exits_nonzero(tmp_path: Pat
         assert after and set(after) == {grpc.StatusCode.UNAVAILABLE}, set(after)
         assert server.process.wait(60) == 1, server.log_tail()
         assert "engine died" in server.log.read_text()
+        _, alive = psutil.wait_procs(processes, timeout=30)
+        assert not alive, f"left running: {alive}"
     finally:
         stop.set()
         stop_server(server)

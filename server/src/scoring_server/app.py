@@ -154,6 +154,8 @@ class ScoringServer:
         while True:
             if self.shared:
                 self._publish_states()
+                for model in self.registry.models.values():
+                    model.notice_engine_death()
             dead = [
                 m for m in self.registry.models.values()
                 if m.engine is not None and m.engine.errored

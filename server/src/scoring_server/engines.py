@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from multiprocessing.synchronize import Event as EventType
 from typing import Any
 
 from vllm import AsyncEngineArgs
@@ -70,11 +71,13 @@ def engine_environment(values: dict[str, str]) -> Iterator[None]:
 class EngineClientSlot:
     """How one of several front-end processes reaches an engine core that the supervisor
     launched (vLLM's multi-API-server wiring): the engine's ZMQ addresses with the listening
-    sockets the supervisor bound for this front-end, and this front-end's place among them."""
+    sockets the supervisor bound for this front-end, this front-end's place among them, and the
+    event the supervisor sets when the engine's process has died."""
 
     addresses: dict[str, Any]
     count: int
     index: int
+    engine_dead: EventType
 
 
 @dataclass
@@ -97,6 +100,18 @@ class ServedModel:
     @property
     def ready(self) -> bool:
         return self.engine is not None and self.processor is not None and not self.engine.errored
+
+    def notice_engine_death(self) -> None:
+        """A client of an engine it did not launch has no process to watch: the supervisor
+        watches and sets `slot.engine_dead`. Then this does what vLLM's own monitor does for an
+        engine it launched (`MPClient.start_engine_core_monitor`): mark it dead and shut the
+        client, so calls in flight fail with EngineDeadError at once and `errored` is true."""
+        if self.slot is None or self.engine is None or not self.slot.engine_dead.is_set():
+            return
+        client = self.engine.engine_core
+        if not client.resources.engine_dead:
+            client.resources.engine_dead = True
+            client.shutdown()
 
 
 @dataclass

@@ -10,8 +10,9 @@ engine, through vLLM's own multi-client wiring.
 
 The supervisor owns the lifecycle: SIGTERM goes on to the front-ends (each drains as a lone
 server does), then the engines stop. A front-end or engine that dies takes the server down
-(exit 1), as an engine death does in one process; the surviving front-ends drain first (health
-NOT_SERVING), and calls in flight on a dead engine end at their deadline or the drain grace.
+(exit 1). An engine's death is passed to every front-end (an event each one polls with its
+engine watch), which then behaves as a lone server does: calls in flight fail with UNAVAILABLE,
+health goes NOT_SERVING, and it exits after `engine_failure_linger_s`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
+from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 from types import FrameType
 
@@ -44,6 +46,8 @@ logger = logging.getLogger(__name__)
 # Beyond the drain grace, for a front-end to close its engine clients and exit.
 EXIT_MARGIN_S = 10.0
 _METRICS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
+# Front-ends start fresh interpreters (CUDA and vLLM's threads do not survive fork).
+_SPAWN = multiprocessing.get_context("spawn")
 
 
 class _Stop(Exception):
@@ -58,6 +62,7 @@ class _Engine:
     vllm_config: VllmConfig
     listeners: EngineZmqListeners
     log_stats: bool
+    dead: EventType
     manager: CoreEngineProcManager | None = None
     started: bool = False
     processes: list[BaseProcess] = field(default_factory=list)
@@ -71,7 +76,8 @@ class _Engine:
         with engine_environment(environment(settings)):
             args = engine_args(settings, frontends, -1)
             vllm_config = args.create_engine_config(UsageContext.OPENAI_API_SERVER)
-        return cls(settings, vllm_config, bind_engine_zmq_listeners(vllm_config, frontends), not args.disable_log_stats)
+        listeners = bind_engine_zmq_listeners(vllm_config, frontends)
+        return cls(settings, vllm_config, listeners, not args.disable_log_stats, _SPAWN.Event())
 
     def slot(self, index: int, count: int) -> EngineClientSlot:
         inputs, outputs = self.listeners.inputs[index], self.listeners.outputs[index]
@@ -84,6 +90,7 @@ class _Engine:
             },
             count,
             index,
+            self.dead,
         )
 
     def launch(self, frontends: list[BaseProcess]) -> None:
@@ -134,6 +141,11 @@ def supervise(settings: ServerSettings, log_level: str) -> int:
             logger.info("engine core of %s ready", engine.settings.name)
         gone = _wait_for_exit(frontends, engines)
         logger.error("%s exited; stopping the server", ", ".join(gone))
+        for engine in engines:
+            if not engine.alive:
+                engine.dead.set()
+        # The front-ends fail their calls on the dead engine and exit on their own.
+        _join(frontends, settings.engine_failure_linger_s + settings.drain_grace_s + EXIT_MARGIN_S)
         return 1
     except _Stop:
         logger.info("stopping %d front-ends", len(frontends))
@@ -159,11 +171,10 @@ def _metrics_directory(settings: ServerSettings) -> Path | None:
 
 
 def _spawn_frontends(settings: ServerSettings, engines: list[_Engine], log_level: str) -> list[BaseProcess]:
-    context = multiprocessing.get_context("spawn")
     processes: list[BaseProcess] = []
     for index in range(settings.frontends):
         slots = {e.settings.name: e.slot(index, settings.frontends) for e in engines}
-        process = context.Process(
+        process = _SPAWN.Process(
             target=run_frontend, args=(settings, slots, log_level), name=f"ScoringFrontend_{index}"
         )
         process.start()
@@ -231,14 +242,19 @@ def _wait_for_exit(frontends: list[BaseProcess], engines: list[_Engine]) -> list
     return [watched[s].format(processes[s].exitcode) for s in ended]
 
 
+def _join(processes: list[BaseProcess], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+
+
 def _stop(frontends: list[BaseProcess], timeout: float) -> None:
     """SIGTERM (each drains), then SIGKILL for any still running after `timeout`."""
     for process in frontends:
         if process.is_alive():
             process.terminate()
-    deadline = time.monotonic() + timeout
+    _join(frontends, timeout)
     for process in frontends:
-        process.join(max(0.0, deadline - time.monotonic()))
         if process.is_alive():
             logger.error("front-end pid %s did not exit in %.0f s; killing it", process.pid, timeout)
             process.kill()
