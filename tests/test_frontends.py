@@ -152,3 +152,33 @@ def test_sigterm_stops_every_process(shared: RunningServer) -> None:
     assert stop_server(shared) == 0, shared.log_tail()
     _, alive = psutil.wait_procs(processes, timeout=30)
     assert not alive, f"left running: {alive}"
+
+
+def test_a_dead_frontend_stops_the_server(tmp_path: Path) -> None:
+    """A front-end that dies (here SIGKILL) takes the server down with exit code 1: the others
+    drain, the engine core stops, nothing is left running for the orchestrator to trip over."""
+    server = _start(tmp_path / "server.log")
+    try:
+        processes = psutil.Process(server.process.pid).children(recursive=True)
+        listening = _frontend_pids(server)
+        assert len(listening) == FRONTENDS, listening  # both bound the one port
+        frontend = next(p for p in processes if p.pid in listening)
+        frontend.kill()
+        assert server.process.wait(60) == 1, server.log_tail()
+        _, alive = psutil.wait_procs(processes, timeout=30)
+        assert not alive, f"left running: {alive}"
+        assert "front-end" in server.log.read_text() and "exit code -9" in server.log.read_text()
+    finally:
+        stop_server(server)
+
+
+def _frontend_pids(server: RunningServer) -> set[int]:
+    """The processes listening on the gRPC port."""
+    pids = set()
+    for process in psutil.Process(server.process.pid).children(recursive=True):
+        try:
+            if any(c.status == "LISTEN" and c.laddr.port == server.port for c in process.net_connections("tcp")):
+                pids.add(process.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return pids
