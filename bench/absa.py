@@ -152,11 +152,11 @@ async def drive(system: str, send, requests: list[Pairs], scenario: Scenario, se
 
 async def bench_grpc(
     model: Path, scenario: Scenario, requests: list[Pairs], work: Path, packed: bool, system: str,
-    full_graph_tokens: int | None = None, frontends: int = 1,
+    full_graph_tokens: int | None = None, frontends: int = 1, channels: int | None = None,
 ) -> list[Level]:
-    """Our server; ``full_graph_tokens`` its ``pack_full_graph_tokens`` (None: the default). With
-    several ``frontends`` the client opens CHANNELS_PER_FRONTEND connections per front-end and
-    sends its calls over them in turn."""
+    """Our server; ``full_graph_tokens`` its ``pack_full_graph_tokens`` (None: the default). The
+    client sends its calls over ``channels`` connections in turn (None: one, or
+    CHANNELS_PER_FRONTEND per front-end when there are several)."""
     import itertools
 
     import yaml
@@ -179,7 +179,7 @@ async def bench_grpc(
                                       "frontends": frontends, "models": [settings]}))
     log(f"{system}: starting our server")
     server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], work / "absa-grpc-server.log")
-    count = 1 if frontends == 1 else CHANNELS_PER_FRONTEND * frontends
+    count = channels or (1 if frontends == 1 else CHANNELS_PER_FRONTEND * frontends)
     try:
         async with grpc_channels(f"127.0.0.1:{port}", count) as channels:
             await wait_ready(grpc_serving(*channels), server, work / "absa-grpc-server.log", "our server")
@@ -316,7 +316,8 @@ async def main_async(args: argparse.Namespace) -> Report:
                                           "grpc (ours, piecewise graphs only)", full_graph_tokens=0)
     if "grpc-frontends" in systems:
         report.levels += await bench_grpc(absa, scenario, requests, work, scenario.pack_pairs,
-                                          f"grpc (ours, {args.frontends} front-ends)", frontends=args.frontends)
+                                          f"grpc (ours, {args.frontends} front-ends)", frontends=args.frontends,
+                                          channels=args.channels)
     if "plugin" in systems:
         report.levels += await bench_http("vllm serve /pooling + plugin", absa, scenario, requests, work,
                                           ["--io-processor-plugin", "absa"], plugin_pooling)
@@ -333,6 +334,7 @@ def main() -> None:
     parser.add_argument("--systems", default="hf,grpc,plugin,classify",
                         help="of hf,grpc,grpc-unpacked,grpc-piecewise,grpc-frontends,plugin,classify")
     parser.add_argument("--frontends", type=int, default=4, help="front-end processes of grpc-frontends")
+    parser.add_argument("--channels", type=int, help="connections of grpc-frontends' client (default 4 per front-end)")
     parser.add_argument("--no-pack", action="store_true", help="our server without pair packing")
     parser.add_argument("--seconds-per-level", type=float, help="override the scenario's")
     parser.add_argument("--concurrency", type=int_list, default=[], help="e.g. 1,32: override the scenario's levels")
