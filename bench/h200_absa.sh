@@ -8,6 +8,7 @@
 #                                   # graphs) and stock /classify, eager as the baseline
 #   sh bench/h200_absa.sh frontends [N]  # ours with one and with N (default 4) gRPC front-end
 #                                        # processes, and stock /classify, in one run (~6 min)
+#   sh bench/h200_absa.sh c1        # c=1 only: one process; 4 front-ends over 1 connection; over 16
 set -eu
 . bench/h200_env.sh
 cd bench
@@ -34,5 +35,11 @@ fp32)
 frontends)
     python3 absa.py --systems grpc,grpc-frontends,classify --frontends "${2:-4}" --seconds-per-level 8 \
         --work /tmp/bw --out "$OUT" 2>&1 | tail -30
+    ;;
+c1)
+    python3 absa.py --systems grpc,grpc-frontends --channels 1 --concurrency 1 --seconds-per-level 8 \
+        --work /tmp/bw --out "$OUT/one-connection" 2>&1 | grep -A12 "^| system"
+    python3 absa.py --systems grpc-frontends --concurrency 1 --seconds-per-level 8 \
+        --work /tmp/bw --out "$OUT/sixteen-connections" 2>&1 | grep -A12 "^| system"
     ;;
 esac
