@@ -111,6 +111,8 @@ def test_calls_reach_every_frontend_and_match_a_lone_server(shared: RunningServe
             each.close()
     assert len(spread) == FRONTENDS, f"connections per process: {spread}"
     assert sum(spread.values()) >= CHANNELS
+    with shared.client(timeout=10.0) as client:
+        assert client.info().frontends == FRONTENDS
 
     # The session's lone server (same demo checkpoint, same settings) is the reference.
     lone = absa_pb2_grpc.AbsaServiceStub(channel).Analyze(REQUEST, timeout=60)

@@ -122,6 +122,7 @@ def test_info_describes_models_and_limits(client: ScoringClient) -> None:
         assert m.dtype == common_pb2.DTYPE_FLOAT32
         assert m.max_items_per_request == 256 and m.max_tokens_per_item >= 256
     assert info.max_receive_message_bytes == 16 * 1024 * 1024
+    assert info.frontends == 1
     assert info.vllm_version == "0.32.0"
 
 

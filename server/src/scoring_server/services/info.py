@@ -44,6 +44,7 @@ class InfoServicer(info_pb2_grpc.InfoServiceServicer):
             max_send_message_bytes=self._settings.max_send_message_bytes,
             server_version=__version__,
             vllm_version=vllm.__version__,
+            frontends=self._settings.frontends,
         )
         for model in self._registry.models.values():
             info = response.models.add(
