@@ -141,15 +141,18 @@ def supervise(settings: ServerSettings, log_level: str) -> int:
             logger.info("engine core of %s ready", engine.settings.name)
         gone = _wait_for_exit(frontends, engines)
         logger.error("%s exited; stopping the server", ", ".join(gone))
-        for engine in engines:
-            if not engine.alive:
-                engine.dead.set()
-        # The front-ends fail their calls on the dead engine and exit on their own.
-        _join(frontends, settings.engine_failure_linger_s + settings.drain_grace_s + EXIT_MARGIN_S)
+        dead = [engine for engine in engines if not engine.alive]
+        for engine in dead:
+            engine.dead.set()
+        if dead:  # the front-ends fail their calls on it and exit on their own
+            _join(frontends, settings.engine_failure_linger_s + settings.drain_grace_s + EXIT_MARGIN_S)
         return 1
     except _Stop:
         logger.info("stopping %d front-ends", len(frontends))
         return 0
+    except Exception:  # an engine that cannot start, a port in use: as a lone server, exit 1
+        logger.exception("server failed")
+        return 1
     finally:
         stopping = True
         _stop(frontends, settings.drain_grace_s + EXIT_MARGIN_S)
