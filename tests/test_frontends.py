@@ -16,6 +16,7 @@ import pytest
 
 from conftest import DEMO_DIR, RunningServer, free_port, start_server, stop_server
 from scoring.v1 import absa_pb2, absa_pb2_grpc
+from scoring_client import ScoringClient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 MODEL = "absa-modernbert"
@@ -146,6 +147,22 @@ def test_metrics_gather_every_frontend(shared: RunningServer) -> None:
     assert _metric(after, "scoring_requests_total", **labels) - _metric(before, "scoring_requests_total", **labels) == CHANNELS
     assert _metric(after, "scoring_engine_ready", model=MODEL) == 1
     assert _metric(after, "scoring_model_info", model=MODEL, kind="absa", dtype="float32") == 1
+
+
+def test_the_python_client_spreads_its_calls_over_connections(shared: RunningServer) -> None:
+    channels = _channels(shared.target)
+    try:
+        _wait_serving(channels)
+    finally:
+        for channel in channels:
+            channel.close()
+    with ScoringClient(shared.target, connections=CHANNELS, timeout=60) as client:
+        results = [client.analyze(pairs=[("battery", "The battery lasts all day.")], model=MODEL) for _ in range(CHANNELS)]
+        spread = _frontend_connections(shared)
+    assert len(spread) == FRONTENDS, f"connections per process: {spread}"
+    assert all(r.results[0].label == results[0].results[0].label for r in results)
+    with pytest.raises(ValueError):
+        ScoringClient(shared.target, connections=0)
 
 
 def test_sigterm_stops_every_process(shared: RunningServer) -> None:

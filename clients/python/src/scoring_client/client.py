@@ -7,6 +7,7 @@ violations.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -177,6 +178,16 @@ def _set_model_and_truncation(
             request.truncation.max_tokens = max_tokens
 
 
+class _Stubs:
+    """The service stubs of one connection."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.rerank = rerank_pb2_grpc.RerankServiceStub(channel)
+        self.info = info_pb2_grpc.InfoServiceStub(channel)
+        self.absa = absa_pb2_grpc.AbsaServiceStub(channel)
+        self.image_rank = image_rank_pb2_grpc.ImageRankServiceStub(channel)
+
+
 class ScoringClient:
     def __init__(
         self,
@@ -189,24 +200,44 @@ class ScoringClient:
         root_certificates: bytes | None = None,
         private_key: bytes | None = None,
         certificate_chain: bytes | None = None,
+        connections: int = 1,
     ) -> None:
         """TLS when `root_certificates` is given (mutual TLS with `private_key` and
-        `certificate_chain`); `token` is sent as `authorization: Bearer <token>` on every call."""
+        `certificate_chain`); `token` is sent as `authorization: Bearer <token>` on every call.
+
+        `connections` > 1 opens that many connections and sends the scoring calls over them in
+        turn: a server with several front-end processes (`frontends`) gets connections, not
+        calls, spread over its processes, so one connection reaches only one of them."""
+        if connections < 1 or (channel is not None and connections != 1):
+            raise ValueError("connections must be >= 1, and 1 with a given channel")
         options = [
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
         ]
-        if channel is None and root_certificates is not None:
-            credentials = grpc.ssl_channel_credentials(root_certificates, private_key, certificate_chain)
-            channel = grpc.secure_channel(target, credentials, options=options)
-        self._channel = channel or grpc.insecure_channel(target, options=options)
+        if connections > 1:  # else grpc shares one connection between channels to a target
+            options.append(("grpc.use_local_subchannel_pool", 1))
+        if channel is None:
+            credentials = (
+                grpc.ssl_channel_credentials(root_certificates, private_key, certificate_chain)
+                if root_certificates is not None
+                else None
+            )
+            self._channels = [
+                grpc.secure_channel(target, credentials, options=options)
+                if credentials is not None
+                else grpc.insecure_channel(target, options=options)
+                for _ in range(connections)
+            ]
+        else:
+            self._channels = [channel]
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._timeout = timeout
-        self.rerank_stub = rerank_pb2_grpc.RerankServiceStub(self._channel)
-        self.info_stub = info_pb2_grpc.InfoServiceStub(self._channel)
-        self.absa_stub = absa_pb2_grpc.AbsaServiceStub(self._channel)
-        self.image_rank_stub = image_rank_pb2_grpc.ImageRankServiceStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._stubs = [_Stubs(c) for c in self._channels]
+        self._turn = itertools.cycle(self._stubs)
+        first = self._stubs[0]
+        self.rerank_stub, self.info_stub = first.rerank, first.info
+        self.absa_stub, self.image_rank_stub = first.absa, first.image_rank
+        self._health = health_pb2_grpc.HealthStub(self._channels[0])
 
     def __enter__(self) -> ScoringClient:
         return self
@@ -215,7 +246,8 @@ class ScoringClient:
         self.close()
 
     def close(self) -> None:
-        self._channel.close()
+        for channel in self._channels:
+            channel.close()
 
     def rerank(
         self,
@@ -252,7 +284,7 @@ class ScoringClient:
         if top_n is not None:
             request.top_n = top_n
         _set_model_and_truncation(request, model, truncate, max_tokens)
-        response = self._call(self.rerank_stub.Rerank, request, timeout)
+        response = self._call(next(self._turn).rerank.Rerank, request, timeout)
         return RerankResult(
             hits=[
                 RerankHit(
@@ -286,7 +318,7 @@ class ScoringClient:
         for aspect, review in pairs:
             request.pairs.add(aspect=aspect, review=review)
         _set_model_and_truncation(request, model, truncate, max_tokens)
-        response = self._call(self.absa_stub.Analyze, request, timeout)
+        response = self._call(next(self._turn).absa.Analyze, request, timeout)
         return AnalyzeResult(
             results=[
                 AspectJudgement(
@@ -328,7 +360,7 @@ class ScoringClient:
         if top_n is not None:
             request.top_n = top_n
         _set_model_and_truncation(request, model, truncate, max_tokens)
-        response = self._call(self.image_rank_stub.RankImages, request, timeout)
+        response = self._call(next(self._turn).image_rank.RankImages, request, timeout)
         return RankImagesResult(
             results=[
                 RankedImage(
