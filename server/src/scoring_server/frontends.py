@@ -100,10 +100,11 @@ class _Engine:
             with launch_core_engines(
                 self.vllm_config, Executor.get_class(self.vllm_config), self.log_stats, self.listeners.addresses
             ) as launched:
-                if not isinstance(launched.engine_manager, CoreEngineProcManager) or launched.coordinator:
+                if isinstance(launched.engine_manager, CoreEngineProcManager):
+                    self.manager = launched.engine_manager  # stopped by shutdown() whatever follows
+                    self.processes = list(self.manager.processes)
+                if self.manager is None or launched.coordinator is not None:
                     raise RuntimeError("expected one local engine core process and no coordinator")
-                self.manager = launched.engine_manager
-                self.processes = list(self.manager.processes)
                 launched.watched_frontend_processes = frontends
         self.started = True
 
