@@ -30,6 +30,7 @@ from typing import Any
 from harness import (
     Level,
     Report,
+    channel_count,
     closed_loop,
     conditions,
     free_port,
@@ -49,9 +50,6 @@ from harness import (
     write_results,
 )
 
-# Connections per front-end process for grpc-frontends: the kernel assigns each connection to a
-# front-end at random, so a few per front-end keep the split near even.
-CHANNELS_PER_FRONTEND = 4
 WORDS = (
     "food service wait price room staff view coffee table music menu dessert portion bread "
     "was were very quite too really not never always great good fine slow cold warm fresh "
@@ -155,8 +153,7 @@ async def bench_grpc(
     full_graph_tokens: int | None = None, frontends: int = 1, channels: int | None = None,
 ) -> list[Level]:
     """Our server; ``full_graph_tokens`` its ``pack_full_graph_tokens`` (None: the default). The
-    client sends its calls over ``channels`` connections in turn (None: one, or
-    CHANNELS_PER_FRONTEND per front-end when there are several)."""
+    client sends its calls over ``channels`` connections in turn (None: harness.channel_count)."""
     import itertools
 
     import yaml
@@ -179,7 +176,7 @@ async def bench_grpc(
                                       "frontends": frontends, "models": [settings]}))
     log(f"{system}: starting our server")
     server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], work / "absa-grpc-server.log")
-    count = channels or (1 if frontends == 1 else CHANNELS_PER_FRONTEND * frontends)
+    count = channels or channel_count(frontends)
     try:
         async with grpc_channels(f"127.0.0.1:{port}", count) as channels:
             await wait_ready(grpc_serving(*channels), server, work / "absa-grpc-server.log", "our server")

@@ -166,6 +166,16 @@ def grpc_serving(*channels: Any) -> Callable[[], Awaitable[bool]]:
     return serving
 
 
+# Connections per front-end process when a bench's server has several: the kernel assigns each
+# connection to a front-end at random, so a few per front-end keep the split near even.
+CHANNELS_PER_FRONTEND = 4
+
+
+def channel_count(frontends: int) -> int:
+    """The connections a bench's client opens to our server."""
+    return 1 if frontends == 1 else CHANNELS_PER_FRONTEND * frontends
+
+
 @asynccontextmanager
 async def grpc_channels(target: str, count: int, options: Sequence[tuple[str, Any]] = ()) -> AsyncIterator[list[Any]]:
     """`count` channels with a connection each (grpc shares one per target by default): the

@@ -22,12 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from harness import (
-    Level, Report, closed_loop, conditions, free_port, grpc_channels, grpc_serving, int_list, log, mib, offline_rate,
+    Level, Report, channel_count, closed_loop, conditions, free_port, grpc_channels, grpc_serving, int_list, log, mib, offline_rate,
     ratio, start, stop, wait_ready, write_results,
 )
-
-# Connections per front-end process when there are several (see absa.py).
-CHANNELS_PER_FRONTEND = 4
 
 
 @dataclass
@@ -100,8 +97,7 @@ async def bench_grpc(model: Path, scenario: Scenario, images: list[bytes], reque
     levels: list[Level] = []
     suffix = "" if frontends == 1 else f", {frontends} front-ends"
     try:
-        count = 1 if frontends == 1 else CHANNELS_PER_FRONTEND * frontends
-        async with grpc_channels(f"127.0.0.1:{port}", count, [("grpc.max_send_message_length", 64 << 20)]) as channels:
+        async with grpc_channels(f"127.0.0.1:{port}", channel_count(frontends), [("grpc.max_send_message_length", 64 << 20)]) as channels:
             await wait_ready(grpc_serving(*channels), server, work / "image-grpc-server.log", "our server")
             stubs = itertools.cycle([image_rank_pb2_grpc.ImageRankServiceStub(channel) for channel in channels])
 
