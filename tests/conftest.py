@@ -6,13 +6,15 @@ Engine start is ~20 s per model on CPU, so every end-to-end test shares this pro
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+import urllib.request
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -128,6 +130,41 @@ def stop_server(server: RunningServer, timeout: float = 60.0) -> int:
             server.process.kill()
             server.process.wait()
     return server.process.returncode
+
+
+_METRIC_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
+_METRIC_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def scrape(server: RunningServer) -> str:
+    assert server.metrics_port is not None, "the server runs with --metrics-port"
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def scrape_when(server: RunningServer, ready: Callable[[str], bool], timeout: float = 5.0) -> str:
+    """A scrape once `ready` holds: a call's status reaches the client a moment before the
+    server's interceptor has counted it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = scrape(server)
+        if ready(text) or time.monotonic() > deadline:
+            return text
+        time.sleep(0.05)
+
+
+def metric_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    found = []
+    for line in text.splitlines():
+        match = _METRIC_LINE.match(line)
+        if match and match.group(1) == name:
+            found.append((dict(_METRIC_LABEL.findall(match.group(2) or "")), float(match.group(3))))
+    return found
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` whose labels include `labels` (exposition order varies)."""
+    return sum(v for have, v in metric_samples(text, name) if labels.items() <= have.items())
 
 
 @pytest.fixture(scope="session")

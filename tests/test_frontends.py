@@ -6,7 +6,6 @@ death, with one front-end and with two: tests/test_faults.py.)"""
 from __future__ import annotations
 
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import grpc
 import psutil
 import pytest
 
-from conftest import DEMO_DIR, RunningServer, free_port, start_server, stop_server
+from conftest import DEMO_DIR, RunningServer, free_port, metric_samples, metric_value, scrape, start_server, stop_server
 from scoring.v1 import absa_pb2, absa_pb2_grpc
 from scoring_client import ScoringClient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -75,30 +74,18 @@ def _wait_serving(channels: list[grpc.Channel], timeout: float = 300.0) -> None:
             time.sleep(0.5)
 
 
-def _frontend_connections(server: RunningServer) -> dict[int, int]:
-    """Established connections on the gRPC port, per process of the server."""
+def _port_sockets(server: RunningServer, status: str) -> dict[int, int]:
+    """Sockets on the gRPC port in `status` (ESTABLISHED, LISTEN), per process of the server."""
     counts: dict[int, int] = {}
     for process in psutil.Process(server.process.pid).children(recursive=True):
         try:
             connections = process.net_connections("tcp")
         except psutil.NoSuchProcess:
             continue
-        mine = [c for c in connections if c.laddr and c.laddr.port == server.port and c.status == "ESTABLISHED"]
+        mine = [c for c in connections if c.laddr and c.laddr.port == server.port and c.status == status]
         if mine:
             counts[process.pid] = len(mine)
     return counts
-
-
-def _metric(text: str, name: str, **labels: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} {labels} not in /metrics")
-
-
-def _scrape(server: RunningServer) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as reply:
-        return reply.read().decode()
 
 
 def test_calls_reach_every_frontend_and_match_a_lone_server(shared: RunningServer, channel: grpc.Channel) -> None:
@@ -106,7 +93,7 @@ def test_calls_reach_every_frontend_and_match_a_lone_server(shared: RunningServe
     try:
         _wait_serving(channels)
         replies = [absa_pb2_grpc.AbsaServiceStub(c).Analyze(REQUEST, timeout=60) for c in channels]
-        spread = _frontend_connections(shared)
+        spread = _port_sockets(shared, "ESTABLISHED")
     finally:
         for each in channels:
             each.close()
@@ -129,7 +116,7 @@ def test_metrics_gather_every_frontend(shared: RunningServer) -> None:
     channels = _channels(shared.target)
     try:
         _wait_serving(channels)
-        before = _scrape(shared)
+        before = scrape(shared)
         for channel in channels:
             absa_pb2_grpc.AbsaServiceStub(channel).Analyze(REQUEST, timeout=60)
     finally:
@@ -138,15 +125,16 @@ def test_metrics_gather_every_frontend(shared: RunningServer) -> None:
     labels = {"service": "scoring.v1.AbsaService", "method": "Analyze", "code": "OK"}
     deadline = time.monotonic() + 5
     while True:  # the front-ends refresh their request-state gauge every 0.2 s
-        after = _scrape(shared)
-        states = _metric(after, "scoring_request_state_entries", model=MODEL)
+        after = scrape(shared)
+        assert metric_samples(after, "scoring_request_state_entries"), "no request-state gauge"
+        states = metric_value(after, "scoring_request_state_entries", model=MODEL)
         if states == 0 or time.monotonic() > deadline:
             break
         time.sleep(0.2)
     assert states == 0
-    assert _metric(after, "scoring_requests_total", **labels) - _metric(before, "scoring_requests_total", **labels) == CHANNELS
-    assert _metric(after, "scoring_engine_ready", model=MODEL) == 1
-    assert _metric(after, "scoring_model_info", model=MODEL, kind="absa", dtype="float32") == 1
+    assert metric_value(after, "scoring_requests_total", **labels) - metric_value(before, "scoring_requests_total", **labels) == CHANNELS
+    assert metric_value(after, "scoring_engine_ready", model=MODEL) == 1
+    assert metric_value(after, "scoring_model_info", model=MODEL, kind="absa", dtype="float32") == 1
 
 
 def test_the_python_client_spreads_its_calls_over_connections(shared: RunningServer) -> None:
@@ -158,7 +146,7 @@ def test_the_python_client_spreads_its_calls_over_connections(shared: RunningSer
             channel.close()
     with ScoringClient(shared.target, connections=CHANNELS, timeout=60) as client:
         results = [client.analyze(pairs=[("battery", "The battery lasts all day.")], model=MODEL) for _ in range(CHANNELS)]
-        spread = _frontend_connections(shared)
+        spread = _port_sockets(shared, "ESTABLISHED")
     assert len(spread) == FRONTENDS, f"connections per process: {spread}"
     assert all(r.results[0].label == results[0].results[0].label for r in results)
     with pytest.raises(ValueError):
@@ -179,7 +167,7 @@ def test_a_dead_frontend_stops_the_server(tmp_path: Path) -> None:
     server = _start(tmp_path / "server.log")
     try:
         processes = psutil.Process(server.process.pid).children(recursive=True)
-        listening = _frontend_pids(server)
+        listening = set(_port_sockets(server, "LISTEN"))
         assert len(listening) == FRONTENDS, listening  # both bound the one port
         frontend = next(p for p in processes if p.pid in listening)
         frontend.kill()
@@ -189,15 +177,3 @@ def test_a_dead_frontend_stops_the_server(tmp_path: Path) -> None:
         assert "front-end" in server.log.read_text() and "exit code -9" in server.log.read_text()
     finally:
         stop_server(server)
-
-
-def _frontend_pids(server: RunningServer) -> set[int]:
-    """The processes listening on the gRPC port."""
-    pids = set()
-    for process in psutil.Process(server.process.pid).children(recursive=True):
-        try:
-            if any(c.status == "LISTEN" and c.laddr.port == server.port for c in process.net_connections("tcp")):
-                pids.add(process.pid)
-        except psutil.NoSuchProcess:
-            continue
-    return pids

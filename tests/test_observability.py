@@ -3,52 +3,16 @@
 from __future__ import annotations
 
 import json
-import re
 import time
-import urllib.request
-from collections.abc import Callable
 
 import grpc
 import pytest
 
-from conftest import RunningServer
+from conftest import RunningServer, metric_samples, metric_value, scrape, scrape_when
 from scoring.v1 import absa_pb2, absa_pb2_grpc, rerank_pb2, rerank_pb2_grpc
 
 DOCS = ["Cats sleep all day.", "Stocks fell sharply.", "Kittens nap often."]
 RERANK = {"service": "scoring.v1.RerankService", "method": "Rerank"}
-_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
-def _scrape(server: RunningServer) -> str:
-    assert server.metrics_port is not None, "the demo server runs with --metrics-port"
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as r:
-        return r.read().decode()
-
-
-def _scrape_when(server: RunningServer, ready: Callable[[str], bool], timeout: float = 5.0) -> str:
-    """A scrape once `ready` holds: a call's status reaches the client a moment before the
-    server's interceptor has counted it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        text = _scrape(server)
-        if ready(text) or time.monotonic() > deadline:
-            return text
-        time.sleep(0.05)
-
-
-def _samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
-    found = []
-    for line in text.splitlines():
-        match = _LINE.match(line)
-        if match and match.group(1) == name:
-            found.append((dict(_LABEL.findall(match.group(2) or "")), float(match.group(3))))
-    return found
-
-
-def _value(text: str, name: str, **labels: str) -> float:
-    """Sum of the samples of `name` whose labels include `labels` (exposition order varies)."""
-    return sum(v for have, v in _samples(text, name) if labels.items() <= have.items())
 
 
 def _request(query: str = "cats", request_id: str = "") -> rerank_pb2.RerankRequest:
@@ -60,20 +24,20 @@ def _request(query: str = "cats", request_id: str = "") -> rerank_pb2.RerankRequ
 
 def test_counters_and_histograms_move_with_real_calls(demo_server: RunningServer, channel: grpc.Channel) -> None:
     stub = rerank_pb2_grpc.RerankServiceStub(channel)
-    before = _scrape(demo_server)
+    before = scrape(demo_server)
     for _ in range(3):
         stub.Rerank(_request(), timeout=60)
     with pytest.raises(grpc.RpcError):
         stub.Rerank(_request(query=""), timeout=60)
     failed = {**RERANK, "code": "INVALID_ARGUMENT"}
-    after = _scrape_when(
+    after = scrape_when(
         demo_server,
-        lambda text: _value(text, "scoring_requests_total", **failed)
-        > _value(before, "scoring_requests_total", **failed),
+        lambda text: metric_value(text, "scoring_requests_total", **failed)
+        > metric_value(before, "scoring_requests_total", **failed),
     )
 
     def delta(name: str, **labels: str) -> float:
-        return _value(after, name, **labels) - _value(before, name, **labels)
+        return metric_value(after, name, **labels) - metric_value(before, name, **labels)
 
     assert delta("scoring_requests_total", **RERANK, code="OK") == 3
     assert delta("scoring_requests_total", **RERANK, code="INVALID_ARGUMENT") == 1
@@ -89,19 +53,19 @@ def test_absa_calls_move_the_same_metrics(demo_server: RunningServer, channel: g
     labels = {"service": "scoring.v1.AbsaService", "method": "Analyze"}
     request = absa_pb2.AnalyzeRequest(model="absa-modernbert")
     request.items.add(review="The food was great, the wait was long.", aspects=["food", "wait"])
-    before = _scrape(demo_server)
+    before = scrape(demo_server)
     response, call = stub.Analyze.with_call(request, timeout=60)
     with pytest.raises(grpc.RpcError):
         stub.Analyze(absa_pb2.AnalyzeRequest(model="absa-modernbert"), timeout=60)
     failed = {**labels, "code": "INVALID_ARGUMENT"}
-    after = _scrape_when(
+    after = scrape_when(
         demo_server,
-        lambda text: _value(text, "scoring_requests_total", **failed)
-        > _value(before, "scoring_requests_total", **failed),
+        lambda text: metric_value(text, "scoring_requests_total", **failed)
+        > metric_value(before, "scoring_requests_total", **failed),
     )
 
     def delta(name: str, **wanted: str) -> float:
-        return _value(after, name, **wanted) - _value(before, name, **wanted)
+        return metric_value(after, name, **wanted) - metric_value(before, name, **wanted)
 
     assert delta("scoring_requests_total", **labels, code="OK") == 1
     assert delta("scoring_requests_total", **labels, code="INVALID_ARGUMENT") == 1
@@ -118,19 +82,19 @@ def test_absa_calls_move_the_same_metrics(demo_server: RunningServer, channel: g
     assert stage_ms("parse") + stage_ms("preprocess") == pytest.approx(timings.queue_ms, abs=0.01)
     assert stage_ms("engine") == pytest.approx(timings.inference_ms, abs=0.01)
     assert stage_ms("postprocess") == pytest.approx(timings.postprocess_ms, abs=0.01)
-    (info,) = [l for l, _ in _samples(after, "scoring_model_info") if l["model"] == "absa-modernbert"]
+    (info,) = [l for l, _ in metric_samples(after, "scoring_model_info") if l["model"] == "absa-modernbert"]
     # The demo serves this checkpoint packed: the info names the architecture the engine runs.
     assert info["kind"] == "absa" and info["architecture"] == "ScoringPackedModernBertForAspectSentiment"
 
 
 def test_model_state_is_exported(demo_server: RunningServer) -> None:
-    text = _scrape(demo_server)
+    text = scrape(demo_server)
     for model in ("minilm", "bert-cross-encoder", "qwen3-seq-cls", "qwen3-reranker", "colbert"):
-        (info,) = [labels for labels, _ in _samples(text, "scoring_model_info") if labels["model"] == model]
+        (info,) = [labels for labels, _ in metric_samples(text, "scoring_model_info") if labels["model"] == model]
         assert info["kind"] == "rerank" and info["dtype"] == "float32" and info["mode"]
-        assert _value(text, "scoring_engine_ready", model=model) == 1
-        assert _value(text, "scoring_request_state_entries", model=model) == 0
-    assert _value(text, "scoring_requests_in_flight", **RERANK) == 0
+        assert metric_value(text, "scoring_engine_ready", model=model) == 1
+        assert metric_value(text, "scoring_request_state_entries", model=model) == 0
+    assert metric_value(text, "scoring_requests_in_flight", **RERANK) == 0
     assert "vllm:" in text  # vLLM's own engine metrics, beside ours
 
 

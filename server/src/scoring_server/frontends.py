@@ -24,7 +24,7 @@ import shutil
 import signal
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event as EventType
@@ -65,7 +65,6 @@ class _Engine:
     dead: EventType
     manager: CoreEngineProcManager | None = None
     started: bool = False
-    processes: list[BaseProcess] = field(default_factory=list)
 
     @classmethod
     def configure(cls, settings: ModelSettings, frontends: int) -> _Engine:
@@ -102,11 +101,14 @@ class _Engine:
             ) as launched:
                 if isinstance(launched.engine_manager, CoreEngineProcManager):
                     self.manager = launched.engine_manager  # stopped by shutdown() whatever follows
-                    self.processes = list(self.manager.processes)
                 if self.manager is None or launched.coordinator is not None:
                     raise RuntimeError("expected one local engine core process and no coordinator")
                 launched.watched_frontend_processes = frontends
         self.started = True
+
+    @property
+    def processes(self) -> list[BaseProcess]:
+        return list(self.manager.processes) if self.manager is not None else []
 
     @property
     def alive(self) -> bool:
