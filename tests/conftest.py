@@ -153,13 +153,16 @@ def scrape_when(server: RunningServer, ready: Callable[[str], bool], timeout: fl
         time.sleep(0.05)
 
 
-def metric_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
-    found = []
+def metric_lines(text: str) -> Iterator[tuple[str, dict[str, str], float]]:
+    """(name, labels, value) of every sample in a Prometheus exposition."""
     for line in text.splitlines():
         match = _METRIC_LINE.match(line)
-        if match and match.group(1) == name:
-            found.append((dict(_METRIC_LABEL.findall(match.group(2) or "")), float(match.group(3))))
-    return found
+        if match:
+            yield match.group(1), dict(_METRIC_LABEL.findall(match.group(2) or "")), float(match.group(3))
+
+
+def metric_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    return [(labels, value) for found, labels, value in metric_lines(text) if found == name]
 
 
 def metric_value(text: str, name: str, **labels: str) -> float:

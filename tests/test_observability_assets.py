@@ -14,9 +14,8 @@ import grpc
 import pytest
 import yaml
 
-from conftest import RunningServer
+from conftest import RunningServer, metric_lines, scrape
 from scoring.v1 import absa_pb2, absa_pb2_grpc, rerank_pb2, rerank_pb2_grpc
-from test_observability import _LABEL, _LINE, _scrape
 
 ASSETS = Path(__file__).resolve().parent.parent / "deploy" / "observability"
 RULES = yaml.safe_load((ASSETS / "prometheus-rules.yaml").read_text())
@@ -43,10 +42,8 @@ def exported(demo_server: RunningServer, channel: grpc.Channel) -> dict[str, set
     with pytest.raises(grpc.RpcError):
         absa.Analyze(absa_pb2.AnalyzeRequest(), timeout=60)
     names: dict[str, set[str]] = {}
-    for line in _scrape(demo_server).splitlines():
-        match = _LINE.match(line)
-        if match:
-            names.setdefault(match.group(1), set()).update(k for k, _ in _LABEL.findall(match.group(2) or ""))
+    for name, labels, _ in metric_lines(scrape(demo_server)):
+        names.setdefault(name, set()).update(labels)
     return names
 
 
