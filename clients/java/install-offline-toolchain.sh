@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Debian's offline Java gRPC toolchain (no Maven Central here): protoc, the grpc-java plugin and
-# the jars as a Maven repository under /usr/share/maven-repo. Idempotent; needs root (apt-get).
+# the jars as a Maven repository under /usr/share/maven-repo, and libprotobuf-dev for the
+# well-known types protoc imports (google/protobuf/*.proto). Idempotent; needs root (apt-get).
 set -euo pipefail
 packages=(
-  maven protobuf-compiler protobuf-compiler-grpc-java-plugin
+  maven protobuf-compiler libprotobuf-dev protobuf-compiler-grpc-java-plugin
   libprotobuf-java libgrpc-java libnetty-java libguava-java libperfmark-java
   libgeronimo-annotation-1.3-spec-java libgoogle-gson-java libanimal-sniffer-java
   libsurefire-java

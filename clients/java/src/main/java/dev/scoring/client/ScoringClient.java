@@ -23,17 +23,21 @@ import io.grpc.Metadata;
 import io.grpc.StatusRuntimeException;
 import io.grpc.stub.MetadataUtils;
 import java.time.Duration;
+import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.Collections;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
 import java.util.function.Supplier;
 
 /**
- * Client of the scoring service. One instance owns one channel: create it once and share it
- * (channels multiplex calls; a channel per call throws away connection reuse).
+ * Client of the scoring service. One instance owns one channel (or {@link Builder#connections}
+ * of them): create it once and share it (channels multiplex calls; a channel per call throws away
+ * connection reuse).
  *
  * <p>Every call carries a deadline, so a slow server costs the caller a bounded wait. Calls that
  * fail with UNAVAILABLE (server starting, draining, restarting) are retried with exponential
@@ -41,15 +45,43 @@ import java.util.function.Supplier;
  * ScoringException}.
  */
 public final class ScoringClient implements AutoCloseable {
-  private final ManagedChannel channel;
+  private final List<Connection> connections;
+  private final AtomicInteger turn = new AtomicInteger();
   private final Duration deadline;
-  private final RerankServiceGrpc.RerankServiceBlockingStub rerankBlocking;
-  private final RerankServiceGrpc.RerankServiceFutureStub rerankFuture;
-  private final InfoServiceGrpc.InfoServiceBlockingStub info;
-  private final AbsaServiceGrpc.AbsaServiceBlockingStub absa;
-  private final ImageRankServiceGrpc.ImageRankServiceBlockingStub images;
+
+  /**
+   * One channel and its stubs. A server with several front-end processes ({@code frontends}) has
+   * the kernel spread connections, not calls, over them, so one channel reaches one process.
+   */
+  private static final class Connection {
+    final ManagedChannel channel;
+    final RerankServiceGrpc.RerankServiceBlockingStub rerankBlocking;
+    final RerankServiceGrpc.RerankServiceFutureStub rerankFuture;
+    final InfoServiceGrpc.InfoServiceBlockingStub info;
+    final AbsaServiceGrpc.AbsaServiceBlockingStub absa;
+    final ImageRankServiceGrpc.ImageRankServiceBlockingStub images;
+
+    Connection(ManagedChannel channel) {
+      this.channel = channel;
+      this.rerankBlocking = RerankServiceGrpc.newBlockingStub(channel);
+      this.rerankFuture = RerankServiceGrpc.newFutureStub(channel);
+      this.info = InfoServiceGrpc.newBlockingStub(channel);
+      this.absa = AbsaServiceGrpc.newBlockingStub(channel);
+      this.images = ImageRankServiceGrpc.newBlockingStub(channel);
+    }
+  }
 
   private ScoringClient(Builder builder) {
+    List<Connection> opened = new ArrayList<>();
+    for (int i = 0; i < builder.connections; i++) {
+      opened.add(new Connection(channel(builder)));
+    }
+    this.connections = Collections.unmodifiableList(opened);
+    this.deadline = builder.deadline;
+  }
+
+  /** grpc-java channels never share connections, so each one built here is a connection of its own. */
+  private static ManagedChannel channel(Builder builder) {
     ManagedChannelBuilder<?> channelBuilder =
         ManagedChannelBuilder.forTarget(builder.target)
             .defaultServiceConfig(retryConfig(builder.maxAttempts, builder.initialBackoff))
@@ -65,13 +97,12 @@ public final class ScoringClient implements AutoCloseable {
           "Bearer " + builder.bearerToken);
       channelBuilder.intercept(MetadataUtils.newAttachHeadersInterceptor(headers));
     }
-    this.channel = channelBuilder.build();
-    this.deadline = builder.deadline;
-    this.rerankBlocking = RerankServiceGrpc.newBlockingStub(channel);
-    this.rerankFuture = RerankServiceGrpc.newFutureStub(channel);
-    this.info = InfoServiceGrpc.newBlockingStub(channel);
-    this.absa = AbsaServiceGrpc.newBlockingStub(channel);
-    this.images = ImageRankServiceGrpc.newBlockingStub(channel);
+    return channelBuilder.build();
+  }
+
+  /** The connection of the next scoring call: each in turn. */
+  private Connection next() {
+    return connections.get(Math.floorMod(turn.getAndIncrement(), connections.size()));
   }
 
   public static Builder builder() {
@@ -90,14 +121,14 @@ public final class ScoringClient implements AutoCloseable {
   /** The full request, for options the shortcuts do not cover. */
   public RerankResult rerank(RerankRequest request) {
     return new RerankResult(
-        blocking(() -> rerankBlocking.withDeadlineAfter(deadline.toMillis(), TimeUnit.MILLISECONDS).rerank(request)));
+        blocking(() -> next().rerankBlocking.withDeadlineAfter(deadline.toMillis(), TimeUnit.MILLISECONDS).rerank(request)));
   }
 
   /** Non-blocking: the future fails with {@link ScoringException}. */
   public CompletableFuture<RerankResult> rerankAsync(RerankRequest request) {
     CompletableFuture<RerankResult> result = new CompletableFuture<>();
     Futures.addCallback(
-        rerankFuture.withDeadlineAfter(deadline.toMillis(), TimeUnit.MILLISECONDS).rerank(request),
+        next().rerankFuture.withDeadlineAfter(deadline.toMillis(), TimeUnit.MILLISECONDS).rerank(request),
         new FutureCallback<RerankResponse>() {
           @Override
           public void onSuccess(RerankResponse response) {
@@ -127,7 +158,7 @@ public final class ScoringClient implements AutoCloseable {
   /** The full request: several items and (aspect, review) pairs, a model, truncation. */
   public AnalyzeResult analyze(AnalyzeRequest request) {
     return new AnalyzeResult(
-        blocking(() -> absa.withDeadlineAfter(deadline.toMillis(), TimeUnit.MILLISECONDS).analyze(request)));
+        blocking(() -> next().absa.withDeadlineAfter(deadline.toMillis(), TimeUnit.MILLISECONDS).analyze(request)));
   }
 
   /** Ranks encoded images (JPEG, PNG or WebP bytes, sent as they are) for a text query. */
@@ -142,12 +173,12 @@ public final class ScoringClient implements AutoCloseable {
   /** The full request: URLs, ids, top N, a model, query truncation. */
   public RankImagesResult rankImages(RankImagesRequest request) {
     return new RankImagesResult(
-        blocking(() -> images.withDeadlineAfter(deadline.toMillis(), TimeUnit.MILLISECONDS).rankImages(request)));
+        blocking(() -> next().images.withDeadlineAfter(deadline.toMillis(), TimeUnit.MILLISECONDS).rankImages(request)));
   }
 
   public GetInfoResponse info() {
     return blocking(
-        () -> info.withDeadlineAfter(deadline.toMillis(), TimeUnit.MILLISECONDS)
+        () -> connections.get(0).info.withDeadlineAfter(deadline.toMillis(), TimeUnit.MILLISECONDS)
             .getInfo(GetInfoRequest.getDefaultInstance()));
   }
 
@@ -176,13 +207,19 @@ public final class ScoringClient implements AutoCloseable {
 
   @Override
   public void close() {
-    channel.shutdown();
+    for (Connection connection : connections) {
+      connection.channel.shutdown();
+    }
     try {
-      if (!channel.awaitTermination(5, TimeUnit.SECONDS)) {
-        channel.shutdownNow();
+      for (Connection connection : connections) {
+        if (!connection.channel.awaitTermination(5, TimeUnit.SECONDS)) {
+          connection.channel.shutdownNow();
+        }
       }
     } catch (InterruptedException e) {
-      channel.shutdownNow();
+      for (Connection connection : connections) {
+        connection.channel.shutdownNow();
+      }
       Thread.currentThread().interrupt();
     }
   }
@@ -214,6 +251,7 @@ public final class ScoringClient implements AutoCloseable {
     private Duration initialBackoff = Duration.ofMillis(100);
     private int maxMessageBytes = 16 * 1024 * 1024;
     private String bearerToken;
+    private int connections = 1;
 
     public Builder target(String target) {
       this.target = target;
@@ -253,9 +291,22 @@ public final class ScoringClient implements AutoCloseable {
       return this;
     }
 
+    /**
+     * Opens {@code connections} connections and sends the scoring calls over them in turn: for a
+     * server with several front-end processes ({@code frontends}), which the kernel assigns whole
+     * connections to. At low load fewer connections answer faster (each stays warm).
+     */
+    public Builder connections(int connections) {
+      this.connections = connections;
+      return this;
+    }
+
     public ScoringClient build() {
       if (target == null || target.isEmpty()) {
         throw new IllegalArgumentException("target is required, e.g. \"localhost:50051\"");
+      }
+      if (connections < 1) {
+        throw new IllegalArgumentException("connections must be >= 1, got " + connections);
       }
       return new ScoringClient(this);
     }

@@ -231,6 +231,46 @@ public class ScoringClientTest {
   }
 
   @Test
+  public void connectionsSendCallsInTurnOverEachConnection() throws IOException {
+    client.info(); // the shared client's connection is up before counting
+    int before = connectionsToServer();
+    try (ScoringClient spread =
+        ScoringClient.builder().target("127.0.0.1:" + port).connections(3).build()) {
+      // Channels connect on their first call: three calls in turn open all three.
+      for (int i = 0; i < 3; i++) {
+        assertEquals(DOCS.size(), spread.rerank(QUERY, DOCS, 0).hits.size());
+      }
+      assertEquals(before + 3, connectionsToServer());
+    }
+    try {
+      ScoringClient.builder().target("127.0.0.1:" + port).connections(0).build();
+      fail("connections must be >= 1");
+    } catch (IllegalArgumentException expected) {
+      assertTrue(expected.getMessage().contains("connections"));
+    }
+  }
+
+  /** Established TCP connections to the server's port on this host (Linux's /proc/net/tcp*). */
+  private static int connectionsToServer() throws IOException {
+    String remotePort = String.format(":%04X", port);
+    int count = 0;
+    for (String table : Arrays.asList("/proc/net/tcp", "/proc/net/tcp6")) {
+      java.nio.file.Path path = java.nio.file.Paths.get(table);
+      if (!java.nio.file.Files.exists(path)) {
+        continue;
+      }
+      for (String line : java.nio.file.Files.readAllLines(path)) {
+        String[] fields = line.trim().split("\\s+");
+        // sl local_address rem_address st ...; state 01 is ESTABLISHED
+        if (fields.length > 3 && fields[2].endsWith(remotePort) && fields[3].equals("01")) {
+          count++;
+        }
+      }
+    }
+    return count;
+  }
+
+  @Test
   public void rankImagesScoresEveryLoadableImageAndNamesTheBrokenOne() throws IOException {
     byte[] red = png(80, 60, Color.RED);
     byte[] blue = png(60, 90, Color.BLUE);
