@@ -93,3 +93,13 @@ def test_frontends_share_a_fixed_port_and_tell_vllm_their_place() -> None:
     assert (client._api_process_count, client._api_process_rank) == (3, 2)
     lone = engine_args(model)
     assert (lone._api_process_count, lone._api_process_rank) == (1, 0)
+
+
+def test_inline_plan_items_has_a_default_reads_the_environment_and_refuses_negatives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert ServerSettings().inline_plan_items == 32
+    monkeypatch.setenv("SCORING_INLINE_PLAN_ITEMS", "0")  # every call plans in a worker thread
+    assert ServerSettings().inline_plan_items == 0
+    with pytest.raises(ValidationError, match="inline_plan_items"):
+        ServerSettings(inline_plan_items=-1)

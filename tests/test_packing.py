@@ -298,6 +298,59 @@ def test_planning_cancelled_mid_thread_leaves_no_state(packed: InProcessEngine) 
     processor.discard("whole")
 
 
+def test_inline_planning_runs_on_the_calling_thread_with_the_same_result(packed: InProcessEngine) -> None:
+    """`plan_async(..., inline=True)` (a small call alone in the server) tokenizes on the event
+    loop's own thread; otherwise in a worker thread. Both plan the same engine requests."""
+    processor = packed.processor
+    request = processor.parse_data(
+        RerankInput(query=QUERY, documents=[RerankDocumentInput(text=d) for d in SHORT_DOCS])
+    )
+    threads: list[int] = []
+    original = processor.plan
+
+    def recording_plan(parsed: RerankInput, request_id: str) -> list[EngineRequest]:
+        threads.append(threading.get_ident())
+        return original(parsed, request_id)
+
+    async def both() -> tuple[int, list[EngineRequest], list[EngineRequest]]:
+        inline = await processor.plan_async(request, "inline", inline=True)
+        threaded = await processor.plan_async(request, "threaded")
+        return threading.get_ident(), inline, threaded
+
+    processor.plan = recording_plan  # type: ignore[method-assign]
+    try:
+        loop_thread, inline, threaded = packed.loop.run_until_complete(both())
+    finally:
+        del processor.plan
+        processor.discard("inline")
+        processor.discard("threaded")
+    assert threads[0] == loop_thread and threads[1] != loop_thread
+    assert [r.prompt["prompt_token_ids"] for r in inline] == [r.prompt["prompt_token_ids"] for r in threaded]
+    assert [r.params.extra_kwargs for r in inline] == [r.params.extra_kwargs for r in threaded]
+    assert processor.pending_states == 0
+
+
+def test_only_a_small_call_alone_in_the_process_plans_inline(demo_models: dict[str, ModelSettings]) -> None:
+    """`inline_plan_items`: the executor plans inline when the call (already admitted) is the
+    only one in flight over every model and has at most that many items; 0 turns it off."""
+    from scoring_server.config import ModelKind
+    from scoring_server.engines import ModelRegistry
+    from scoring_server.services.execution import ModelExecutor
+
+    registry = ModelRegistry.from_settings([demo_models["qwen3-seq-cls"], demo_models["absa-bert"]])
+    rerank, absa = registry.models["qwen3-seq-cls"], registry.models["absa-bert"]
+    executor = ModelExecutor(registry, ModelKind.RERANK, inline_plan_items=32)
+    with rerank.admission.admit(20):
+        assert executor.plans_inline(20)
+        assert executor.plans_inline(32) and not executor.plans_inline(33)
+        with absa.admission.admit(8):  # another model's call counts too
+            assert not executor.plans_inline(20)
+        with rerank.admission.admit(1):
+            assert not executor.plans_inline(20)
+    with rerank.admission.admit(20):
+        assert not ModelExecutor(registry, ModelKind.RERANK, inline_plan_items=0).plans_inline(1)
+
+
 def test_per_pair_limit_is_the_checkpoints_capped_by_pack_tokens(packed: InProcessEngine) -> None:
     """The engine's max_model_len is pack_tokens (a whole call); a pair keeps the checkpoint's
     position limit (512, not pack_tokens), but must also fit one packed request, so with

@@ -88,17 +88,17 @@ class ScoringServer:
             ],
         )
         rerank_pb2_grpc.add_RerankServiceServicer_to_server(
-            RerankServicer(self.registry, settings.stream_max_in_flight),
+            RerankServicer(self.registry, settings),
             self.server,
         )
         info_pb2_grpc.add_InfoServiceServicer_to_server(
             InfoServicer(self.registry, settings), self.server
         )
         absa_pb2_grpc.add_AbsaServiceServicer_to_server(
-            AbsaServicer(self.registry, settings.stream_max_in_flight), self.server
+            AbsaServicer(self.registry, settings), self.server
         )
         image_rank_pb2_grpc.add_ImageRankServiceServicer_to_server(
-            ImageRankServicer(self.registry, settings.stream_max_in_flight), self.server
+            ImageRankServicer(self.registry, settings), self.server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if settings.reflection:

@@ -145,6 +145,11 @@ class ServerSettings(BaseSettings):
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     # Concurrent requests per bulk stream; bounds what one stream can hold in memory.
     stream_max_in_flight: int = Field(default=8, ge=1)
+    # A call of at most this many items (documents, pairs) that is alone in this process plans
+    # (tokenizes) on the event loop: at low load the hop to a worker thread and back costs more
+    # than the tokenization. Busier, every call plans in a thread, beside the loop. 0: always a
+    # thread. Image calls always load in threads.
+    inline_plan_items: int = Field(default=32, ge=0)
     # gRPC front-end processes sharing each model's engine core (vLLM's `--api-server-count`).
     # One process's event loop handles ~300-500 small calls/s; more front-ends multiply that.
     # The kernel spreads *connections* over them (SO_REUSEPORT), so a client needs several

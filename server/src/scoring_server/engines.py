@@ -132,6 +132,10 @@ class ModelRegistry:
     def is_default(self, model: ServedModel) -> bool:
         return self.default_for(model.settings.kind) is model
 
+    def calls_in_flight(self) -> int:
+        """Admitted scoring calls of every model in this process."""
+        return sum(m.admission.requests for m in self.models.values())
+
     async def start_all(self, on_ready: Callable[[ServedModel], None]) -> None:
         """Starts engines one after another: starting them together only contends for cores.
 

@@ -51,11 +51,14 @@ class ScoringIOProcessor(IOProcessor[In, Out], Generic[In, Out, State]):
     def validate(self, request: In) -> None:
         """Checks that need no tokenizer; token limits are checked while planning."""
 
-    async def plan_async(self, request: In, request_id: str) -> list[EngineRequest]:
+    async def plan_async(self, request: In, request_id: str, inline: bool = False) -> list[EngineRequest]:
         """What the server awaits: planning in a worker thread. The event loop is one core for
         every call's gRPC and output handling; the Rust tokenizer releases the GIL, so in a
-        thread calls tokenize beside it and beside each other. Processors whose planning does
-        I/O override it."""
+        thread calls tokenize beside it and beside each other. `inline`: on the calling thread
+        instead, for a small call with nothing else in flight, where the two thread hops cost
+        more than the work. Processors whose planning does I/O override it."""
+        if inline:
+            return self.plan(request, request_id)  # type: ignore[attr-defined,no-any-return]
         planned = asyncio.get_running_loop().run_in_executor(None, self.plan, request, request_id)  # type: ignore[attr-defined]
         try:
             return await asyncio.shield(planned)

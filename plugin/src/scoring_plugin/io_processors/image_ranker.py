@@ -86,8 +86,9 @@ class ImageRankerIOProcessor(ScoringIOProcessor[ImageRankInput, ImageRankOutput,
 
     # --------------------------------------------------------------- planning
 
-    async def plan_async(self, request: ImageRankInput, request_id: str) -> list[EngineRequest]:
-        """Loads the images and stores the request's state; the caller must pop or discard it."""
+    async def plan_async(self, request: ImageRankInput, request_id: str, inline: bool = False) -> list[EngineRequest]:
+        """Loads the images and stores the request's state; the caller must pop or discard it.
+        Loading fetches and decodes in threads whatever `inline` says."""
         text_ids = self._query_ids(request)
         loaded = await self._loader.load(request.images)
         self._states.put(request_id, _RequestState(request, loaded, len(text_ids)))

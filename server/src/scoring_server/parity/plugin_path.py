@@ -15,7 +15,7 @@ from scoring_server.services.execution import ModelExecutor
 
 class PluginPath:
     def __init__(self, registry: ModelRegistry, kind: ModelKind) -> None:
-        self._executor = ModelExecutor(registry, kind)
+        self._executor = ModelExecutor(registry, kind, inline_plan_items=0)  # always the threads
         self._ids = itertools.count()
 
     @property

@@ -8,7 +8,7 @@ import grpc
 
 from scoring.v1 import absa_pb2, absa_pb2_grpc
 from scoring_plugin.absa.types import AbsaInput, AbsaItemInput, AbsaOutput, AbsaPairInput
-from scoring_server.config import ModelKind
+from scoring_server.config import ModelKind, ServerSettings
 from scoring_server.engines import ModelRegistry
 from scoring_server.services.execution import DTYPES, Executed, usage
 from scoring_server.services.rpcs import ScoringRpcs
@@ -63,8 +63,8 @@ def _pair_count(request: absa_pb2.AnalyzeRequest) -> int:
 
 
 class AbsaServicer(ScoringRpcs, absa_pb2_grpc.AbsaServiceServicer):
-    def __init__(self, registry: ModelRegistry, stream_max_in_flight: int) -> None:
-        super().__init__(registry, ModelKind.ABSA, stream_max_in_flight)
+    def __init__(self, registry: ModelRegistry, settings: ServerSettings) -> None:
+        super().__init__(registry, ModelKind.ABSA, settings)
 
     async def score(
         self, request: absa_pb2.AnalyzeRequest, time_remaining: float | None = None

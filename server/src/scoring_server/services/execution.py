@@ -42,9 +42,10 @@ class Executed(Generic[R]):
 class ModelExecutor:
     """Runs one parsed request of one model kind through its IO processor and engine."""
 
-    def __init__(self, registry: ModelRegistry, kind: ModelKind) -> None:
+    def __init__(self, registry: ModelRegistry, kind: ModelKind, inline_plan_items: int) -> None:
         self._registry = registry
         self._kind = kind
+        self._inline_plan_items = inline_plan_items
 
     def resolve(self, name: str | None) -> ServedModel:
         if name is None:
@@ -64,6 +65,11 @@ class ModelExecutor:
                 grpc.StatusCode.UNAVAILABLE, f"model {model.settings.name!r} is not ready"
             )
         return model
+
+    def plans_inline(self, items: int) -> bool:
+        """A small call alone in this process (itself admitted, nothing else) plans on the
+        loop (`ServerSettings.inline_plan_items`)."""
+        return items <= self._inline_plan_items and self._registry.calls_in_flight() == 1
 
     async def execute(
         self,
@@ -109,7 +115,9 @@ class ModelExecutor:
             try:
                 async with asyncio.timeout(None if time_remaining is None else time_remaining - (parsed - arrived)):
                     with tracing.stage("preprocess"):
-                        engine_requests = await processor.plan_async(parsed_input, request_id)
+                        engine_requests = await processor.plan_async(
+                            parsed_input, request_id, inline=self.plans_inline(items)
+                        )
             except TimeoutError:
                 raise ServiceError(
                     grpc.StatusCode.DEADLINE_EXCEEDED, "deadline passed while preparing inputs"
@@ -165,7 +173,11 @@ async def _run_all(
 ) -> list[PoolingRequestOutput]:
     """One engine request per distinct prompt. A TaskGroup cancels the siblings of a failed
     request, and cancelling the caller cancels all of them: vLLM aborts each in the engine.
-    The first failure is re-raised as itself (an engine death is UNAVAILABLE, not a group)."""
+    The first failure is re-raised as itself (an engine death is UNAVAILABLE, not a group).
+    A lone request (every packed call that fits one step) is awaited directly: no sibling to
+    cancel, and no task to schedule on the loop first."""
+    if len(requests) == 1:
+        return [await _encode(engine, requests[0], f"{request_id}-0", trace_headers)]
     try:
         async with asyncio.TaskGroup() as group:
             tasks = [

@@ -14,7 +14,7 @@ from scoring_plugin.image_rank.types import (
     ImageRankOutput,
     ImageSource,
 )
-from scoring_server.config import ModelKind
+from scoring_server.config import ModelKind, ServerSettings
 from scoring_server.engines import ModelRegistry
 from scoring_server.errors import status_with_fields
 from scoring_server.metrics import IMAGE_ERRORS
@@ -81,8 +81,8 @@ def _error_status(error: ImageLoadError, field: str) -> status_pb2.Status:
 
 
 class ImageRankServicer(ScoringRpcs, image_rank_pb2_grpc.ImageRankServiceServicer):
-    def __init__(self, registry: ModelRegistry, stream_max_in_flight: int) -> None:
-        super().__init__(registry, ModelKind.IMAGE_RANK, stream_max_in_flight)
+    def __init__(self, registry: ModelRegistry, settings: ServerSettings) -> None:
+        super().__init__(registry, ModelKind.IMAGE_RANK, settings)
 
     async def score(
         self, request: image_rank_pb2.RankImagesRequest, time_remaining: float | None = None

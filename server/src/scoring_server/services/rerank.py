@@ -14,7 +14,7 @@ from scoring_plugin.rerank.types import (
     RerankInput,
     RerankOutput,
 )
-from scoring_server.config import ModelKind
+from scoring_server.config import ModelKind, ServerSettings
 from scoring_server.engines import ModelRegistry
 from scoring_server.services.execution import DTYPES, Executed, usage
 from scoring_server.services.rpcs import ScoringRpcs
@@ -74,8 +74,8 @@ def _to_response(
 
 
 class RerankServicer(ScoringRpcs, rerank_pb2_grpc.RerankServiceServicer):
-    def __init__(self, registry: ModelRegistry, stream_max_in_flight: int) -> None:
-        super().__init__(registry, ModelKind.RERANK, stream_max_in_flight)
+    def __init__(self, registry: ModelRegistry, settings: ServerSettings) -> None:
+        super().__init__(registry, ModelKind.RERANK, settings)
 
     async def score(
         self, request: rerank_pb2.RerankRequest, time_remaining: float | None = None

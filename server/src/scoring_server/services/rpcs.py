@@ -9,16 +9,16 @@ from typing import Any
 
 import grpc
 
-from scoring_server.config import ModelKind
+from scoring_server.config import ModelKind, ServerSettings
 from scoring_server.engines import ModelRegistry
 from scoring_server.services.execution import ModelExecutor, timing_metadata
 from scoring_server.services.streaming import answer_stream
 
 
 class ScoringRpcs:
-    def __init__(self, registry: ModelRegistry, kind: ModelKind, stream_max_in_flight: int) -> None:
-        self._executor = ModelExecutor(registry, kind)
-        self._stream_max_in_flight = stream_max_in_flight
+    def __init__(self, registry: ModelRegistry, kind: ModelKind, settings: ServerSettings) -> None:
+        self._executor = ModelExecutor(registry, kind, settings.inline_plan_items)
+        self._stream_max_in_flight = settings.stream_max_in_flight
 
     @abstractmethod
     async def score(self, request: Any, time_remaining: float | None = None) -> Any:
