@@ -7,7 +7,8 @@ weights: speed does not depend on weight values), same generated pairs (aspects 
 reviews of 30-90 words; the bench tokenizer knows each word as one token), 8 pairs per request,
 same dtype, same GPU. Closed-loop load (see harness.py). Our server packs every pair of a call
 into one engine request (`pack_pairs`; `--no-pack` turns it off, `grpc-unpacked` adds the
-unpacked server to the same run); `grpc-frontends` runs it with `--frontends` gRPC front-end
+unpacked server to the same run; `grpc-threads` the server with `inline_plan_items: 0`, every
+call tokenized in a worker thread); `grpc-frontends` runs it with `--frontends` gRPC front-end
 processes sharing the engine core (the client then spreads its calls over several connections).
 
     python bench/absa.py --out bench/results                      # GPU, bf16
@@ -151,9 +152,11 @@ async def drive(system: str, send, requests: list[Pairs], scenario: Scenario, se
 async def bench_grpc(
     model: Path, scenario: Scenario, requests: list[Pairs], work: Path, packed: bool, system: str,
     full_graph_tokens: int | None = None, frontends: int = 1, channels: int | None = None,
+    inline_plan_items: int | None = None,
 ) -> list[Level]:
-    """Our server; ``full_graph_tokens`` its ``pack_full_graph_tokens`` (None: the default). The
-    client sends its calls over ``channels`` connections in turn (None: harness.channel_count)."""
+    """Our server; ``full_graph_tokens`` its ``pack_full_graph_tokens``, ``inline_plan_items``
+    its setting of that name (None: their defaults). The client sends its calls over
+    ``channels`` connections in turn (None: harness.channel_count)."""
     import itertools
 
     import yaml
@@ -172,8 +175,11 @@ async def bench_grpc(
     }
     if full_graph_tokens is not None:
         settings["pack_full_graph_tokens"] = full_graph_tokens
-    config.write_text(yaml.safe_dump({"port": port, "host": "127.0.0.1", "metrics_port": metrics_port,
-                                      "frontends": frontends, "models": [settings]}))
+    server_settings: dict[str, Any] = {"port": port, "host": "127.0.0.1", "metrics_port": metrics_port,
+                                       "frontends": frontends, "models": [settings]}
+    if inline_plan_items is not None:
+        server_settings["inline_plan_items"] = inline_plan_items
+    config.write_text(yaml.safe_dump(server_settings))
     log(f"{system}: starting our server")
     server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], work / "absa-grpc-server.log")
     count = channels or channel_count(frontends)
@@ -311,6 +317,9 @@ async def main_async(args: argparse.Namespace) -> Report:
     if "grpc-piecewise" in systems and scenario.pack_pairs:
         report.levels += await bench_grpc(absa, scenario, requests, work, True,
                                           "grpc (ours, piecewise graphs only)", full_graph_tokens=0)
+    if "grpc-threads" in systems:
+        report.levels += await bench_grpc(absa, scenario, requests, work, scenario.pack_pairs,
+                                          "grpc (ours, planning always in threads)", inline_plan_items=0)
     if "grpc-frontends" in systems:
         report.levels += await bench_grpc(absa, scenario, requests, work, scenario.pack_pairs,
                                           f"grpc (ours, {args.frontends} front-ends)", frontends=args.frontends,
@@ -329,7 +338,7 @@ def main() -> None:
     parser.add_argument("--cpu-smoke", action="store_true")
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="bf16")
     parser.add_argument("--systems", default="hf,grpc,plugin,classify",
-                        help="of hf,grpc,grpc-unpacked,grpc-piecewise,grpc-frontends,plugin,classify")
+                        help="of hf,grpc,grpc-unpacked,grpc-piecewise,grpc-threads,grpc-frontends,plugin,classify")
     parser.add_argument("--frontends", type=int, default=4, help="front-end processes of grpc-frontends")
     parser.add_argument("--channels", type=int, help="connections of grpc-frontends' client (default 4 per front-end)")
     parser.add_argument("--no-pack", action="store_true", help="our server without pair packing")

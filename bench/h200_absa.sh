@@ -9,6 +9,10 @@
 #   sh bench/h200_absa.sh frontends [N]  # ours with one and with N (default 4) gRPC front-end
 #                                        # processes, and stock /classify, in one run (~6 min)
 #   sh bench/h200_absa.sh c1        # c=1 only: one process; 4 front-ends over 1 connection; over 16
+#   sh bench/h200_absa.sh baselines # HF, vllm serve /pooling + plugin, stock /classify and ours
+#                                   # (one process) in one run, c=1 and 32, 6 s per level (~6 min)
+#   sh bench/h200_absa.sh inline    # ours with inline planning (the default) and without
+#                                   # (`grpc-threads`), c=1 and c=32, twice (~6 min)
 set -eu
 . bench/h200_env.sh
 cd bench
@@ -41,5 +45,15 @@ c1)
         --work /tmp/bw --out "$OUT/one-connection" 2>&1 | grep -A12 "^| system"
     python3 absa.py --systems grpc-frontends --concurrency 1 --seconds-per-level 8 \
         --work /tmp/bw --out "$OUT/sixteen-connections" 2>&1 | grep -A12 "^| system"
+    ;;
+baselines)
+    python3 absa.py --systems hf,grpc,plugin,classify --concurrency 1,32 --seconds-per-level 6 --work /tmp/bw \
+        --out "$OUT" 2>&1 | tail -24
+    ;;
+inline)
+    for round in 1 2; do
+        python3 absa.py --systems grpc,grpc-threads --concurrency 1,32 --seconds-per-level 8 \
+            --work /tmp/bw --out "$OUT/inline-$round" 2>&1 | grep -A14 "^| system"
+    done
     ;;
 esac

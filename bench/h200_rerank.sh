@@ -8,6 +8,8 @@
 #   sh bench/h200_rerank.sh variants  # ours with async scheduling; scoring-parity --pack-pairs
 #   sh bench/h200_rerank.sh full      # whole-step graphs: packed step by token count, then ours
 #                                     # with and without them, 1/5/20 documents (~6 min)
+#   sh bench/h200_rerank.sh inline    # ours with inline planning (the default) and without
+#                                     # (`grpc-threads`), c=1, 20 and 1 documents (~3.5 min)
 set -eu
 . bench/h200_env.sh
 cd bench
@@ -38,5 +40,9 @@ full)
     python3 rerank.py --systems grpc,grpc-piecewise --seconds-per-level 8 --docs-sweep 1,5 --work /tmp/bw \
         --out "$OUT" 2>&1 | tail -30
     grep -ih "whole-step" /tmp/bw/grpc-server.log | cut -c1-300
+    ;;
+inline)
+    python3 rerank.py --systems grpc,grpc-threads --concurrency 1 --docs-sweep 1 --seconds-per-level 8 \
+        --work /tmp/bw --out "$OUT" 2>&1 | grep -A14 "^| system"
     ;;
 esac

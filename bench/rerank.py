@@ -84,6 +84,9 @@ class Scenario:
     pack_full_graph_tokens: int | None = None
     # More AsyncEngineArgs for our server (`--grpc-engine-args`), e.g. {"async_scheduling": true}.
     grpc_engine_args: dict[str, Any] = field(default_factory=dict)
+    # Our server's `inline_plan_items` (None: its default; 0: every call plans in a worker
+    # thread, the `grpc-threads` system).
+    inline_plan_items: int | None = None
 
 
 GPU = Scenario("qwen3-0.6b-shaped", "bfloat16", 1024, 28, 16, 8, 128, 3072, 20, [1, 16, 64], 15.0, False, 0.5, 128)
@@ -183,8 +186,11 @@ async def grpc_reranker(model: Path, scenario: Scenario, work: Path) -> AsyncIte
     }
     if scenario.pack_full_graph_tokens is not None:
         settings["pack_full_graph_tokens"] = scenario.pack_full_graph_tokens
-    config.write_text(yaml.safe_dump({"port": port, "host": "127.0.0.1", "metrics_port": metrics_port,
-                                      "models": [settings]}))
+    server_settings: dict[str, Any] = {"port": port, "host": "127.0.0.1", "metrics_port": metrics_port,
+                                       "models": [settings]}
+    if scenario.inline_plan_items is not None:
+        server_settings["inline_plan_items"] = scenario.inline_plan_items
+    config.write_text(yaml.safe_dump(server_settings))
     log("grpc: starting our server")
     server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], work / "grpc-server.log")
     try:
@@ -345,6 +351,10 @@ async def main_async(args: argparse.Namespace) -> Report:
         piecewise = replace(scenario, pack_full_graph_tokens=0)
         report.levels += await bench_grpc(model, piecewise, requests, work, docs_sweep,
                                           "grpc (ours, piecewise graphs only)")
+    if "grpc-threads" in systems:
+        threads = replace(scenario, inline_plan_items=0)
+        report.levels += await bench_grpc(model, threads, requests, work, docs_sweep,
+                                          "grpc (ours, planning always in threads)")
     if "vllm" in systems:
         report.levels += await bench_vllm_serve(model, scenario, requests, work, docs_sweep, plugin=False)
     if "plugin" in systems:
@@ -355,7 +365,7 @@ async def main_async(args: argparse.Namespace) -> Report:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu-smoke", action="store_true")
-    parser.add_argument("--systems", default="hf,grpc,vllm,plugin", help="of hf,grpc,grpc-eager,grpc-piecewise,vllm,plugin")
+    parser.add_argument("--systems", default="hf,grpc,vllm,plugin", help="of hf,grpc,grpc-eager,grpc-piecewise,grpc-threads,vllm,plugin")
     parser.add_argument("--work", default="/tmp/scoring-bench")
     parser.add_argument("--seconds-per-level", type=float, help="override the scenario's")
     parser.add_argument("--concurrency", type=int_list, default=[], help="e.g. 1,32: override the scenario's levels")
