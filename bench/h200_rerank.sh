@@ -2,7 +2,8 @@
 # The rerank measurements of one H200 staging, in device-tool calls of <= 10 minutes each
 # (`../shared/gpu/README.md` stages vLLM first). Results and logs land in $OUT.
 #   sh bench/h200_rerank.sh kernels   # packed step by token count + parity bf16/fp32 (~6 min)
-#   sh bench/h200_rerank.sh check     # parity bf16 alone, with today's defaults (~2.5 min)
+#   sh bench/h200_rerank.sh check     # parity bf16 alone, with today's defaults, and the HF
+#                                     # reference's own bf16 orderings (~3.5 min)
 #   sh bench/h200_rerank.sh systems   # HF, vllm serve /rerank, vllm serve /pooling + plugin and
 #                                     # ours in one run (~9 min; run7 had no plugin system)
 #   sh bench/h200_rerank.sh variants  # ours with async scheduling; scoring-parity --pack-pairs
@@ -21,6 +22,7 @@ kernels)
     ;;
 check)
     python3 rerank_check.py --queries 6 --out "$OUT" 2>&1 | tail -14
+    python3 reference_dtype_check.py --queries 6 --out "$OUT" 2>&1 | tail -9
     ;;
 systems)
     python3 rerank.py --systems hf,grpc,vllm,plugin --seconds-per-level 10 --docs-sweep 1 --work /tmp/bw \

@@ -43,6 +43,24 @@ def test_rerank_bench_cpu_smoke(tmp_path: Path) -> None:
     assert (out / report_file.name.replace(".json", ".png")).stat().st_size > 10_000
 
 
+def test_reference_dtype_check_cpu_smoke(tmp_path: Path) -> None:
+    """The reference run in bf16 against itself in fp32 on the rerank check's inputs: the
+    report counts orderings and the widest swapped gap, which can never exceed twice the
+    largest score error (a swap needs both scores to move towards each other)."""
+    out = tmp_path / "results"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "reference_dtype_check.py"), "--cpu-smoke", "--queries", "2",
+         "--out", str(out), "--work", str(tmp_path / "work")],
+        capture_output=True, text=True, timeout=600, env=tool_env(), cwd=REPO / "bench",
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    report = json.loads((out / "reference-dtype-check-qwen3-tiny.json").read_text())
+    assert report["queries"] == 2 and report["documents_per_query"] == 4
+    assert 0 < report["max_abs_diff_bf16_vs_fp32"] < 0.05  # bf16 rounding, not a broken model
+    assert 0 <= report["orderings_match_fp32"] <= 2
+    assert report["widest_inversion_fp32_gap"] <= 2 * report["max_abs_diff_bf16_vs_fp32"]
+
+
 def test_packed_step_profile_cpu_smoke(tmp_path: Path) -> None:
     """The in-process step profiler loads the packed model as the server does and times the
     pooler's layers at the step sizes that fit the smoke engine (eager on the CPU)."""

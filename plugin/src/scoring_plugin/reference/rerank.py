@@ -95,9 +95,11 @@ def _qwen3_inputs(tokenizer, query: str, documents: list[str]) -> dict[str, torc
     return {"input_ids": ids, "attention_mask": mask, "lengths": torch.tensor([len(r) for r in rows])}
 
 
-def qwen3_seq_cls(path: Path) -> Scorer:
+def qwen3_seq_cls(path: Path, dtype: torch.dtype = DTYPE) -> Scorer:
+    """`dtype`: fp32 for parity; another dtype measures what that dtype alone does to scores
+    (`bench/reference_dtype_check.py`)."""
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = Qwen3ForSequenceClassification.from_pretrained(path, dtype=DTYPE).eval()
+    model = Qwen3ForSequenceClassification.from_pretrained(path, dtype=dtype).eval()
 
     @torch.no_grad()
     def score(query: str, documents: list[str], batched: bool) -> list[float]:
