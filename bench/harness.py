@@ -406,6 +406,18 @@ def offline_rate(forward: Callable[[Sequence[Any]], None], items: Sequence[Any],
     return rate
 
 
+def write_check(out: Path, name: str, report: dict[str, Any]) -> None:
+    """A parity check's report: JSON under `out`, its values printed one per line."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
+    path.write_text(json.dumps(report, indent=2))
+    width = max(len(key) for key in report) + 2
+    for key, value in report.items():
+        if key != "conditions":
+            print(f"{key:<{width}} {value}")
+    print(f"wrote {path}")
+
+
 def write_results(out: Path, stem: str, report: Report, table: str) -> None:
     """JSON, Markdown (with the conditions) and a plot under `out`; the table on stdout."""
     from plot import render

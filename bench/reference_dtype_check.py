@@ -12,12 +12,11 @@ promise, and the widest swapped gap says how near a tie has to be.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
-from harness import conditions, log
+from harness import conditions, log, write_check
 from rerank import CPU_SMOKE, GPU, build_model, make_requests
 from rerank_check import orderings_match, widest_inversion
 
@@ -51,14 +50,7 @@ def main() -> None:
         "orderings_match_fp32": sum(orderings_match(a, b) for a, b in zip(bf16, fp32)),
         "widest_inversion_fp32_gap": max(widest_inversion(a, b) for a, b in zip(bf16, fp32)),
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"reference-dtype-check-{scenario.name}.json"
-    path.write_text(json.dumps(report, indent=2))
-    for key, value in report.items():
-        if key != "conditions":
-            print(f"{key:<32} {value}")
-    print(f"wrote {path}")
+    write_check(Path(args.out), f"reference-dtype-check-{scenario.name}", report)
 
 
 if __name__ == "__main__":

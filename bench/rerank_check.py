@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from harness import conditions, log
+from harness import conditions, log, write_check
 from rerank import CPU_SMOKE, GPU, build_model, grpc_reranker, make_requests, raw_scores
 
 
@@ -97,14 +96,7 @@ def main() -> None:
     }
     if eager is not None:
         report["max_abs_diff_graphs_vs_eager_layers"] = max_diff(batched, eager)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"rerank-check-{scenario.name}-{scenario.dtype}.json"
-    path.write_text(json.dumps(report, indent=2))
-    for key, value in report.items():
-        if key != "conditions":
-            print(f"{key:<40} {value}")
-    print(f"wrote {path}")
+    write_check(Path(args.out), f"rerank-check-{scenario.name}-{scenario.dtype}", report)
 
 
 if __name__ == "__main__":

@@ -10,15 +10,20 @@ from pathlib import Path
 from conftest import REPO, tool_env
 
 
-def test_rerank_bench_cpu_smoke(tmp_path: Path) -> None:
-    out = tmp_path / "results"
+def _bench(script: str, *args: str, timeout: int = 1200) -> subprocess.CompletedProcess[str]:
+    """Runs `bench/<script>` as a user would and requires it to succeed."""
     done = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "rerank.py"), "--cpu-smoke",
-         "--systems", "hf,grpc,grpc-threads,vllm,plugin",
-         "--out", str(out), "--work", str(tmp_path / "work"), "--docs", "3", "--docs-sweep", "1"],
-        capture_output=True, text=True, timeout=1200, env=tool_env(),
+        [sys.executable, str(REPO / "bench" / script), *args],
+        capture_output=True, text=True, timeout=timeout, env=tool_env(), cwd=REPO / "bench",
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    return done
+
+
+def test_rerank_bench_cpu_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    done = _bench("rerank.py", "--cpu-smoke", "--systems", "hf,grpc,grpc-threads,vllm,plugin",
+                  "--out", str(out), "--work", str(tmp_path / "work"), "--docs", "3", "--docs-sweep", "1")
     # --docs 3 replaced the smoke scenario's 4 documents per request
     assert "| grpc (ours) | 3 | 1 |" in done.stdout and "| vllm serve /rerank | 3 | 2 |" in done.stdout
     assert "| grpc (ours) | 1 | 1 |" in done.stdout  # the sweep
@@ -48,12 +53,8 @@ def test_reference_dtype_check_cpu_smoke(tmp_path: Path) -> None:
     report counts orderings and the widest swapped gap, which can never exceed twice the
     largest score error (a swap needs both scores to move towards each other)."""
     out = tmp_path / "results"
-    done = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "reference_dtype_check.py"), "--cpu-smoke", "--queries", "2",
-         "--out", str(out), "--work", str(tmp_path / "work")],
-        capture_output=True, text=True, timeout=600, env=tool_env(), cwd=REPO / "bench",
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    _bench("reference_dtype_check.py", "--cpu-smoke", "--queries", "2", "--out", str(out),
+           "--work", str(tmp_path / "work"), timeout=600)
     report = json.loads((out / "reference-dtype-check-qwen3-tiny.json").read_text())
     assert report["queries"] == 2 and report["documents_per_query"] == 4
     assert 0 < report["max_abs_diff_bf16_vs_fp32"] < 0.05  # bf16 rounding, not a broken model
@@ -65,12 +66,7 @@ def test_packed_step_profile_cpu_smoke(tmp_path: Path) -> None:
     """The in-process step profiler loads the packed model as the server does and times the
     pooler's layers at the step sizes that fit the smoke engine (eager on the CPU)."""
     out = tmp_path / "results"
-    done = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "packed_step.py"), "--cpu-smoke", "--repeats", "2",
-         "--out", str(out), "--work", str(tmp_path / "work")],
-        capture_output=True, text=True, timeout=1200, env=tool_env(), cwd=REPO / "bench",
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    _bench("packed_step.py", "--cpu-smoke", "--repeats", "2", "--out", str(out), "--work", str(tmp_path / "work"))
     report = json.loads((out / "packed-step-qwen3-tiny-float32.json").read_text())
     assert [step["tokens"] for step in report["steps"]] == [145, 685, 1360, 2048]
     assert [step["pairs"] for step in report["steps"]] == [1, 5, 10, 16]
@@ -81,14 +77,8 @@ def test_packed_step_profile_cpu_smoke(tmp_path: Path) -> None:
 
 def test_absa_bench_cpu_smoke(tmp_path: Path) -> None:
     out = tmp_path / "results"
-    done = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "absa.py"), "--cpu-smoke",
-         "--systems", "hf,grpc,grpc-unpacked,grpc-frontends,plugin,classify", "--frontends", "2",
-         "--concurrency", "2",
-         "--out", str(out), "--work", str(tmp_path / "work")],
-        capture_output=True, text=True, timeout=1200, env=tool_env(),
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    done = _bench("absa.py", "--cpu-smoke", "--systems", "hf,grpc,grpc-unpacked,grpc-frontends,plugin,classify",
+                  "--frontends", "2", "--concurrency", "2", "--out", str(out), "--work", str(tmp_path / "work"))
     (report_file,) = out.glob("absa-*.json")
     report = json.loads(report_file.read_text())
     systems = {level["system"] for level in report["levels"]}
@@ -111,12 +101,7 @@ def test_absa_bench_cpu_smoke(tmp_path: Path) -> None:
 
 def test_image_rank_bench_cpu_smoke(tmp_path: Path) -> None:
     out = tmp_path / "results"
-    done = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "image_rank.py"), "--cpu-smoke",
-         "--out", str(out), "--work", str(tmp_path / "work")],
-        capture_output=True, text=True, timeout=1200, env=tool_env(),
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    done = _bench("image_rank.py", "--cpu-smoke", "--out", str(out), "--work", str(tmp_path / "work"))
     (report_file,) = out.glob("image-rank-*.json")
     report = json.loads(report_file.read_text())
     assert {level["system"] for level in report["levels"]} == {"grpc (ours), inline JPEG", "grpc (ours), URLs"}
@@ -141,21 +126,13 @@ def test_profile_summary_reads_py_spy_raw_profiles(tmp_path: Path) -> None:
     ]
     profile = tmp_path / "server.pyspy.txt"
     profile.write_text("\n".join(lines) + "\n")
-    done = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "profile_summary.py"), str(profile), "--within", "run_busy_loop"],
-        capture_output=True, text=True, timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
+    done = _bench("profile_summary.py", str(profile), "--within", "run_busy_loop", timeout=60)
     assert "spawn_main(tracker_fd=4) [12] thread 12 MainThread: 40 samples" in done.stdout
     assert "75.0%  execute_model (worker.py)" in done.stdout and "25.0%  wait (threading.py)" in done.stdout
     assert "startup" not in done.stdout and "thread 10" not in done.stdout  # outside --within
 
 
 def test_absa_decode_bench_prints_its_table() -> None:
-    done = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "absa_decode.py"), "--seconds", "0.05"],
-        capture_output=True, text=True, timeout=300, env=tool_env(),
-    )
-    assert done.returncode == 0, done.stderr
+    done = _bench("absa_decode.py", "--seconds", "0.05", timeout=300)
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert [row.split(" | ")[0] for row in rows] == ["| 1", "| 8", "| 32", "| 128"]
