@@ -49,6 +49,7 @@ from harness import (
     vllm_serve_command,
     wait_ready,
     write_results,
+    write_server_config,
 )
 
 WORDS = (
@@ -159,8 +160,6 @@ async def bench_grpc(
     ``channels`` connections in turn (None: harness.channel_count)."""
     import itertools
 
-    import yaml
-
     from scoring.v1 import absa_pb2, absa_pb2_grpc
 
     port, metrics_port = free_port(), free_port()
@@ -175,11 +174,8 @@ async def bench_grpc(
     }
     if full_graph_tokens is not None:
         settings["pack_full_graph_tokens"] = full_graph_tokens
-    server_settings: dict[str, Any] = {"port": port, "host": "127.0.0.1", "metrics_port": metrics_port,
-                                       "frontends": frontends, "models": [settings]}
-    if inline_plan_items is not None:
-        server_settings["inline_plan_items"] = inline_plan_items
-    config.write_text(yaml.safe_dump(server_settings))
+    write_server_config(config, port, [settings], metrics_port=metrics_port, frontends=frontends,
+                        inline_plan_items=inline_plan_items)
     log(f"{system}: starting our server")
     server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], work / "absa-grpc-server.log")
     count = channels or channel_count(frontends)

@@ -406,6 +406,14 @@ def offline_rate(forward: Callable[[Sequence[Any]], None], items: Sequence[Any],
     return rate
 
 
+def write_server_config(path: Path, port: int, models: list[dict[str, Any]], **settings: Any) -> None:
+    """Our server's YAML config on localhost; a setting given as None keeps the server's default."""
+    import yaml
+
+    chosen = {key: value for key, value in settings.items() if value is not None}
+    path.write_text(yaml.safe_dump({"port": port, "host": "127.0.0.1", **chosen, "models": models}))
+
+
 def write_check(out: Path, name: str, report: dict[str, Any]) -> None:
     """A parity check's report: JSON under `out`, its values printed one per line."""
     out.mkdir(parents=True, exist_ok=True)

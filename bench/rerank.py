@@ -49,6 +49,7 @@ from harness import (
     vllm_serve_command,
     wait_ready,
     write_results,
+    write_server_config,
 )
 
 WORDS = (
@@ -170,7 +171,6 @@ class RunningServer(NamedTuple):
 async def grpc_reranker(model: Path, scenario: Scenario, work: Path) -> AsyncIterator[RunningServer]:
     """Our server on the scenario's model, as configured for the benchmark."""
     import grpc
-    import yaml
 
     from scoring.v1 import rerank_pb2_grpc
 
@@ -186,11 +186,8 @@ async def grpc_reranker(model: Path, scenario: Scenario, work: Path) -> AsyncIte
     }
     if scenario.pack_full_graph_tokens is not None:
         settings["pack_full_graph_tokens"] = scenario.pack_full_graph_tokens
-    server_settings: dict[str, Any] = {"port": port, "host": "127.0.0.1", "metrics_port": metrics_port,
-                                       "models": [settings]}
-    if scenario.inline_plan_items is not None:
-        server_settings["inline_plan_items"] = scenario.inline_plan_items
-    config.write_text(yaml.safe_dump(server_settings))
+    write_server_config(config, port, [settings], metrics_port=metrics_port,
+                        inline_plan_items=scenario.inline_plan_items)
     log("grpc: starting our server")
     server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], work / "grpc-server.log")
     try:
