@@ -13,6 +13,9 @@
 #                                   # (one process) in one run, c=1 and 32, 6 s per level (~6 min)
 #   sh bench/h200_absa.sh inline    # ours with inline planning (the default) and without
 #                                   # (`grpc-threads`), c=1 and c=32, twice (~6 min)
+#   sh bench/h200_absa.sh steps     # one packed step in the model by token count, fp32 (with
+#                                   # TF32 matmuls for comparison) and bf16, kernels of one call's
+#                                   # step from the torch profiler (bench/packed_step.py, ~4 min)
 set -eu
 . bench/h200_env.sh
 cd bench
@@ -54,6 +57,11 @@ inline)
     for round in 1 2; do
         python3 absa.py --systems grpc,grpc-threads --concurrency 1,32 --seconds-per-level 8 \
             --work /tmp/bw --out "$OUT/inline-$round" 2>&1 | grep -A14 "^| system"
+    done
+    ;;
+steps)
+    for model in absa-fp32 absa-bf16; do
+        python3 packed_step.py --model "$model" --work /tmp/bw --out "$OUT" 2>&1 | tail -34
     done
     ;;
 esac

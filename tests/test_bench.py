@@ -91,7 +91,20 @@ def test_packed_step_profile_cpu_smoke(tmp_path: Path) -> None:
     assert [step["pairs"] for step in report["steps"]] == [1, 5, 10, 16]
     assert all(step["eager_ms"] > 0 for step in report["steps"])
     assert report["graphs"] is False and report["fused_norm_rope_layers"] == 0  # CPU
-    assert "aten::" in report["largest_step_kernels"]
+    assert report["profiled_step_tokens"] == 2048 and "aten::" in report["profiled_step_kernels"]
+
+
+def test_packed_step_profile_absa_cpu_smoke(tmp_path: Path) -> None:
+    """The same for the packed ABSA model: pairs without a shared head, and the profiler on
+    one call's step (8 pairs: what a c=1 call runs), not the largest."""
+    out = tmp_path / "results"
+    _bench("packed_step.py", "--model", "absa-fp32", "--cpu-smoke", "--repeats", "2", "--out", str(out),
+           "--work", str(tmp_path / "work"))
+    report = json.loads((out / "packed-step-modernbert-tiny-float32.json").read_text())
+    assert [step["tokens"] for step in report["steps"]] == [68, 544, 2048]
+    assert [step["pairs"] for step in report["steps"]] == [1, 8, 31]
+    assert all(step["eager_ms"] > 0 and "eager_tf32_ms" not in step for step in report["steps"])  # CPU
+    assert report["profiled_step_tokens"] == 544 and "aten::" in report["profiled_step_kernels"]
 
 
 def test_absa_bench_cpu_smoke(tmp_path: Path) -> None:
