@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import re
 import statistics
 import sys
 from collections.abc import Sequence
@@ -58,6 +59,8 @@ WORDS = (
     "friendly rude clean noisy cheap expensive long short and but the a of for with at our"
 ).split()
 Pairs = list[tuple[str, str]]
+# In the name of the systems that run float32 with TF32 matmuls (`float32_matmul_precision: high`).
+TF32 = "TF32 matmuls"
 
 
 @dataclass
@@ -153,11 +156,12 @@ async def drive(system: str, send, requests: list[Pairs], scenario: Scenario, se
 async def bench_grpc(
     model: Path, scenario: Scenario, requests: list[Pairs], work: Path, packed: bool, system: str,
     full_graph_tokens: int | None = None, frontends: int = 1, channels: int | None = None,
-    inline_plan_items: int | None = None,
+    inline_plan_items: int | None = None, matmul_precision: str | None = None,
 ) -> list[Level]:
     """Our server; ``full_graph_tokens`` its ``pack_full_graph_tokens``, ``inline_plan_items``
-    its setting of that name (None: their defaults). The client sends its calls over
-    ``channels`` connections in turn (None: harness.channel_count)."""
+    and ``matmul_precision`` (``float32_matmul_precision``) its settings of those names (None:
+    their defaults). The client sends its calls over ``channels`` connections in turn (None:
+    harness.channel_count)."""
     import itertools
 
     from scoring.v1 import absa_pb2, absa_pb2_grpc
@@ -174,6 +178,8 @@ async def bench_grpc(
     }
     if full_graph_tokens is not None:
         settings["pack_full_graph_tokens"] = full_graph_tokens
+    if matmul_precision is not None:
+        settings["float32_matmul_precision"] = matmul_precision
     write_server_config(config, port, [settings], metrics_port=metrics_port, frontends=frontends,
                         inline_plan_items=inline_plan_items)
     log(f"{system}: starting our server")
@@ -196,8 +202,11 @@ async def bench_grpc(
 
 
 async def bench_http(
-    system: str, model: Path, scenario: Scenario, requests: list[Pairs], work: Path, extra: list[str], send_factory
+    system: str, model: Path, scenario: Scenario, requests: list[Pairs], work: Path, extra: list[str], send_factory,
+    matmul_precision: str | None = None,
 ) -> list[Level]:  # type: ignore[no-untyped-def]
+    """Stock `vllm serve`; ``matmul_precision`` its VLLM_FLOAT32_MATMUL_PRECISION (None: vLLM's
+    default, IEEE fp32)."""
     import aiohttp
 
     port = free_port()
@@ -207,9 +216,10 @@ async def bench_http(
         command.append("--enforce-eager")
     if scenario is CPU_SMOKE:
         command += ["--kv-cache-memory-bytes", str(64 * 1024 * 1024)]
-    log_path = work / f"absa-{system.split()[-1].strip('/')}.log"
+    log_path = work / f"absa-{re.sub(r'[^a-z0-9]+', '-', system.lower()).strip('-')}.log"
     log(f"{system}: starting")
-    server = start(command, log_path)
+    environment = None if matmul_precision is None else {"VLLM_FLOAT32_MATMUL_PRECISION": matmul_precision}
+    server = start(command, log_path, environment)
     base = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256)) as session:
@@ -266,8 +276,10 @@ def bench_hf(model: Path, scenario: Scenario, requests: list[Pairs]) -> float:
 
 
 def table(report: Report) -> str:
-    def by(prefix: str) -> dict[int, float]:
-        return {l.concurrency: l.items_per_s for l in report.levels if l.system.startswith(prefix)}
+    """Each system against the baselines at its own fp32 matmul precision (TF32 against TF32)."""
+
+    def by(prefix: str) -> dict[tuple[int, bool], float]:
+        return {(l.concurrency, TF32 in l.system): l.items_per_s for l in report.levels if l.system.startswith(prefix)}
 
     plugin, stock = by("vllm serve /pooling"), by("vllm serve /classify")
     lines = [
@@ -278,10 +290,11 @@ def table(report: Report) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for l in report.levels:
+        key = (l.concurrency, TF32 in l.system)
         lines.append(
             f"| {l.system} | {l.concurrency} | {l.items_per_s:,.0f} | {l.p50_ms:.1f} | {l.p95_ms:.1f} | {l.p99_ms:.1f} | "
-            f"{l.errors} | {l.tokens_per_item:.0f} | {ratio(l.items_per_s, plugin.get(l.concurrency))} | "
-            f"{ratio(l.items_per_s, stock.get(l.concurrency))} | {ratio(l.items_per_s, report.hf_items_per_s)} | "
+            f"{l.errors} | {l.tokens_per_item:.0f} | {ratio(l.items_per_s, plugin.get(key))} | "
+            f"{ratio(l.items_per_s, stock.get(key))} | {ratio(l.items_per_s, report.hf_items_per_s)} | "
             f"{mib(l.gpu_memory_mib)} |"
         )
     if report.hf_items_per_s:
@@ -326,6 +339,12 @@ async def main_async(args: argparse.Namespace) -> Report:
     if "classify" in systems:
         report.levels += await bench_http("vllm serve /classify (stock, sentiment only)", twin, scenario, requests,
                                           work, [], stock_classify)
+    if scenario.dtype == "float32" and "grpc-tf32" in systems:
+        report.levels += await bench_grpc(absa, scenario, requests, work, scenario.pack_pairs,
+                                          f"grpc (ours, {TF32})", matmul_precision="high")
+    if scenario.dtype == "float32" and "classify-tf32" in systems:
+        report.levels += await bench_http(f"vllm serve /classify (stock, sentiment only, {TF32})", twin,
+                                          scenario, requests, work, [], stock_classify, matmul_precision="high")
     return report
 
 
@@ -334,7 +353,8 @@ def main() -> None:
     parser.add_argument("--cpu-smoke", action="store_true")
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="bf16")
     parser.add_argument("--systems", default="hf,grpc,plugin,classify",
-                        help="of hf,grpc,grpc-unpacked,grpc-piecewise,grpc-threads,grpc-frontends,plugin,classify")
+                        help="of hf,grpc,grpc-unpacked,grpc-piecewise,grpc-threads,grpc-frontends,plugin,classify; "
+                             "fp32 also grpc-tf32,classify-tf32 (float32_matmul_precision high)")
     parser.add_argument("--frontends", type=int, default=4, help="front-end processes of grpc-frontends")
     parser.add_argument("--channels", type=int, help="connections of grpc-frontends' client (default 4 per front-end)")
     parser.add_argument("--no-pack", action="store_true", help="our server without pair packing")

@@ -1,7 +1,8 @@
 #!/bin/sh
 # The ABSA measurements of one H200 staging (`../shared/gpu/README.md` stages vLLM first);
 # results and logs land in $OUT.
-#   sh bench/h200_absa.sh parity    # packed path vs the HF reference, bf16 served (fp32 gated)
+#   sh bench/h200_absa.sh parity [SERVED]  # packed path vs the HF reference (fp32 gated), served
+#                                          # as bf16 (default) or fp32-tf32 (TF32 matmuls)
 #   sh bench/h200_absa.sh systems [SYSTEMS]  # default: ours packed, ours unpacked, stock
 #                                            # /classify in one run (bench/absa.py --systems)
 #   sh bench/h200_absa.sh fp32      # the fp32 scenario: ours packed (padded-batch SDPA, piecewise
@@ -13,6 +14,8 @@
 #                                   # (one process) in one run, c=1 and 32, 6 s per level (~6 min)
 #   sh bench/h200_absa.sh inline    # ours with inline planning (the default) and without
 #                                   # (`grpc-threads`), c=1 and c=32, twice (~6 min)
+#   sh bench/h200_absa.sh tf32      # fp32: ours and stock /classify, each with IEEE and with TF32
+#                                   # matmuls (float32_matmul_precision high), c=1 and 32 (~6 min)
 #   sh bench/h200_absa.sh steps     # one packed step in the model by token count, fp32 (with
 #                                   # TF32 matmuls for comparison) and bf16, kernels of one call's
 #                                   # step from the torch profiler (bench/packed_step.py, ~4 min)
@@ -21,15 +24,25 @@ set -eu
 cd bench
 case "$1" in
 parity)
-    python3 -c "
+    served="${2:-bf16}"
+    case "$served" in
+    bf16) scenario=bf16 flags="--dtype bfloat16" ;;
+    fp32-tf32) scenario=fp32 flags="--dtype float32 --float32-matmul-precision high" ;;
+    *) echo "served: bf16 or fp32-tf32" >&2; exit 2 ;;
+    esac
+    model=$(python3 -c "
 import json; from pathlib import Path; import absa
-model, _ = absa.build_models(absa.SCENARIOS['bf16'], Path('/tmp/bw'))
+model, _ = absa.build_models(absa.SCENARIOS['$scenario'], Path('/tmp/bw'))
 rows = [{'aspect': a, 'review': r} for call in absa.make_requests(8, 8, seed=3) for a, r in call]
-Path('/tmp/absa-pairs.jsonl').write_text(''.join(json.dumps(row) + '\n' for row in rows))
-print(model)"
-    python3 -m scoring_server.parity --checkpoint /tmp/bw/absa-modernbert-large-shaped-bfloat16 \
-        --inputs /tmp/absa-pairs.jsonl --dtype bfloat16 --pack-pairs --max-model-len 512 \
-        --json "$OUT/absa-parity-packed-h200-bf16.json" 2>&1 | tail -32
+Path('/tmp/absa-pairs.jsonl').write_text(''.join(json.dumps(row) + '\\n' for row in rows))
+print(model)" | tail -1)
+    # shellcheck disable=SC2086
+    python3 -m scoring_server.parity --checkpoint "$model" --inputs /tmp/absa-pairs.jsonl $flags --pack-pairs \
+        --max-model-len 512 --json "$OUT/absa-parity-packed-h200-$served.json" 2>&1 | tail -32
+    ;;
+tf32)
+    python3 absa.py --scenario fp32 --systems grpc,grpc-tf32,classify,classify-tf32 --concurrency 1,32 \
+        --seconds-per-level 6 --work /tmp/bw --out "$OUT" 2>&1 | tail -24
     ;;
 systems)
     python3 absa.py --systems "${2:-grpc,grpc-unpacked,classify}" --seconds-per-level 8 --work /tmp/bw \

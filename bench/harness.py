@@ -76,14 +76,16 @@ def free_port() -> int:
 _PROFILE_DIR = os.environ.get("BENCH_PROFILE")
 
 
-def start(command: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+def start(command: list[str], log_path: Path, environment: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """``environment``: variables set for this server beside this process's own."""
     sink = log_path.open("wb")
     if _PROFILE_DIR:
         Path(_PROFILE_DIR).mkdir(parents=True, exist_ok=True)
         profile = Path(_PROFILE_DIR) / f"{log_path.stem}.pyspy.txt"
         command = ["py-spy", "record", "--subprocesses", "--threads", "--idle", "--nonblocking", "-r", "100",
                    "--format", "raw", "-o", str(profile), "--", *command]
-    return subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    env = None if environment is None else {**os.environ, **environment}
+    return subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:

@@ -109,15 +109,23 @@ def test_packed_step_profile_absa_cpu_smoke(tmp_path: Path) -> None:
 
 def test_absa_bench_cpu_smoke(tmp_path: Path) -> None:
     out = tmp_path / "results"
-    done = _bench("absa.py", "--cpu-smoke", "--systems", "hf,grpc,grpc-unpacked,grpc-frontends,plugin,classify",
+    done = _bench("absa.py", "--cpu-smoke", "--systems",
+                  "hf,grpc,grpc-unpacked,grpc-frontends,plugin,classify,grpc-tf32,classify-tf32",
                   "--frontends", "2", "--concurrency", "2", "--out", str(out), "--work", str(tmp_path / "work"))
     (report_file,) = out.glob("absa-*.json")
     report = json.loads(report_file.read_text())
     systems = {level["system"] for level in report["levels"]}
     assert systems == {
         "grpc (ours)", "grpc (ours, unpacked)", "grpc (ours, 2 front-ends)", "vllm serve /pooling + plugin",
-        "vllm serve /classify (stock, sentiment only)",
+        "vllm serve /classify (stock, sentiment only)", "grpc (ours, TF32 matmuls)",
+        "vllm serve /classify (stock, sentiment only, TF32 matmuls)",
     }
+    # Each system against the stock classifier at its own matmul precision.
+    rate = {l["system"]: l["items_per_s"] for l in report["levels"]}
+    # (its first row: the stage table below has rows of the same system)
+    tf32_row = next(line for line in done.stdout.splitlines() if line.startswith("| grpc (ours, TF32 matmuls) |"))
+    expected = rate["grpc (ours, TF32 matmuls)"] / rate["vllm serve /classify (stock, sentiment only, TF32 matmuls)"]
+    assert tf32_row.split("|")[10].strip() == f"{expected:.2f}x"
     assert report["scenario"]["pack_pairs"] is True
     assert "Server-reported means per call" in done.stdout
     ours = [l for l in report["levels"] if l["system"] in ("grpc (ours)", "grpc (ours, 2 front-ends)")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from pydantic import ValidationError
 
 from scoring_server.cli import parse_args, settings_from_args
 from scoring_server.config import ModelSettings, ServerSettings
+from scoring_server.engines import engine_environment, environment
 
 
 def test_dtype_is_required_and_never_auto() -> None:
@@ -103,3 +105,22 @@ def test_inline_plan_items_has_a_default_reads_the_environment_and_refuses_negat
     assert ServerSettings().inline_plan_items == 0
     with pytest.raises(ValidationError, match="inline_plan_items"):
         ServerSettings(inline_plan_items=-1)
+
+
+def test_float32_matmul_precision_is_explicit_pinned_and_float32_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """IEEE fp32 unless the operator relaxes it; the engine gets the setting, never whatever
+    VLLM_FLOAT32_MATMUL_PRECISION the server's own environment holds."""
+    strict = ModelSettings(name="s", path="/s", dtype="float32")
+    assert strict.float32_matmul_precision == "highest" and strict.served_matmul_precision() == "highest"
+    flags = parse_args(["--model-path", "/t", "--dtype", "float32", "--float32-matmul-precision", "high"])
+    (tf32,) = settings_from_args(flags).models
+    assert tf32.served_matmul_precision() == "high"
+    with pytest.raises(ValidationError, match="float32 only"):
+        ModelSettings(name="b", path="/b", dtype="bfloat16", float32_matmul_precision="high")
+    assert ModelSettings(name="b", path="/b", dtype="bfloat16").served_matmul_precision() is None
+
+    monkeypatch.setenv("VLLM_FLOAT32_MATMUL_PRECISION", "medium")  # a stray setting
+    for settings, expected in ((strict, "highest"), (tf32, "high")):
+        with engine_environment(environment(settings)):
+            assert os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] == expected
+    assert os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] == "medium"  # restored once the engine started

@@ -75,8 +75,12 @@ def test_bad_request_shows_code_and_field(demo_server: RunningServer) -> None:
 def test_info_call(demo_server: RunningServer) -> None:
     done = grpcurl(demo_server, "scoring.v1.InfoService/GetInfo")
     assert done.returncode == 0, done.stderr
-    names = {m["name"] for m in json.loads(done.stdout)["models"]}
-    assert "minilm" in names and "qwen3-reranker" in names
+    models = json.loads(done.stdout)["models"]
+    assert {"minilm", "qwen3-reranker"} <= {m["name"] for m in models}
+    # The demo's models are float32 with IEEE matmuls, and say so.
+    assert {(m["dtype"], m["float32_matmul_precision"]) for m in models} == {
+        ("DTYPE_FLOAT32", "FLOAT32_MATMUL_PRECISION_HIGHEST")
+    }
 
 
 def test_rank_images_from_json(demo_server: RunningServer) -> None:

@@ -92,6 +92,7 @@ def test_model_state_is_exported(demo_server: RunningServer) -> None:
     for model in ("minilm", "bert-cross-encoder", "qwen3-seq-cls", "qwen3-reranker", "colbert"):
         (info,) = [labels for labels, _ in metric_samples(text, "scoring_model_info") if labels["model"] == model]
         assert info["kind"] == "rerank" and info["dtype"] == "float32" and info["mode"]
+        assert info["float32_matmul_precision"] == "highest"
         assert metric_value(text, "scoring_engine_ready", model=model) == 1
         assert metric_value(text, "scoring_request_state_entries", model=model) == 0
     assert metric_value(text, "scoring_requests_in_flight", **RERANK) == 0

@@ -27,6 +27,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model-name", help="name of the --model-path model (default: dir name)")
     parser.add_argument("--model-kind", default="rerank", choices=["rerank", "absa", "image_rank"])
     parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
+    parser.add_argument(
+        "--float32-matmul-precision",
+        choices=["highest", "high", "medium"],
+        help="float32 models: IEEE matmuls (highest, the default), TF32 (high) or bf16 (medium) products",
+    )
     parser.add_argument("--rerank-mode", choices=["cross_encoder", "bi_encoder", "late_interaction"])
     parser.add_argument("--max-items-per-request", type=int)
     parser.add_argument("--max-model-len", type=int)
@@ -118,6 +123,7 @@ def _settings_from_args(args: argparse.Namespace) -> ServerSettings:
         "max_model_len": args.max_model_len,
         "pack_pairs": args.pack_pairs,
         "gpu_memory_utilization": args.gpu_memory_utilization,
+        "float32_matmul_precision": args.float32_matmul_precision,
         "hf_overrides": args.hf_overrides,
         "engine_args": args.engine_args,
     }

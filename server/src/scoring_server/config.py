@@ -64,6 +64,13 @@ class ModelSettings(BaseModel):
     # With pack_graphs: steps up to this many tokens replay as one graph, attention included
     # (the host-bound small steps); 0 replays every step piecewise.
     pack_full_graph_tokens: int = Field(default=DEFAULT_FULL_GRAPH_TOKENS, ge=0)
+    # How a float32 model's matmuls run on the GPU (vLLM's VLLM_FLOAT32_MATMUL_PRECISION, which
+    # the server sets for this model's engine whatever its own environment holds): "highest" is
+    # IEEE fp32; "high" TF32 tensor cores (fp32 storage and accumulation, 10-bit mantissa
+    # products); "medium" bf16 products. An explicit trade, reported by GetInfo and /metrics:
+    # strict fp32 GEMMs bound an 8-pair ModernBERT-large step to ~13 ms on the H200
+    # (bench/README.md). dtype float32 only: the others have no fp32 matmuls to relax.
+    float32_matmul_precision: Literal["highest", "high", "medium"] = "highest"
     # Passed to vLLM's AsyncEngineArgs unchanged (enforce_eager, tensor_parallel_size, ...).
     engine_args: dict[str, Any] = Field(default_factory=dict)
     default: bool = False
@@ -76,7 +83,16 @@ class ModelSettings(BaseModel):
             raise ValueError(f"pack_pairs applies to {sorted(PACKABLE_ARCHITECTURES)} models only")
         if self.max_queued_items < self.max_items_per_request:
             raise ValueError("max_queued_items must admit at least one full request")
+        if self.float32_matmul_precision != "highest" and self.dtype != "float32":
+            raise ValueError(
+                f"float32_matmul_precision {self.float32_matmul_precision!r} applies to dtype float32 only "
+                f"(this model is {self.dtype})"
+            )
         return self
+
+    def served_matmul_precision(self) -> str | None:
+        """What GetInfo and /metrics report: None where the model computes in no float32."""
+        return self.float32_matmul_precision if self.dtype == "float32" else None
 
     def effective_hf_overrides(self) -> dict[str, Any]:
         """The plugin reads its settings from the HF config; the deployment's travel as overrides

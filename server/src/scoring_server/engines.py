@@ -214,8 +214,10 @@ def engine_args(settings: ModelSettings, frontends: int = 1, frontend: int = 0) 
 
 def environment(settings: ModelSettings) -> dict[str, str]:
     """The environment variables an engine for these settings needs (vLLM reads them in the
-    engine's own processes)."""
-    return _PACKED_ENVIRONMENT if settings.pack_pairs else _KIND_ENVIRONMENT.get(settings.kind, {})
+    engine's own processes). The fp32 matmul precision is always set: a stray variable in the
+    server's environment must not change what a float32 model computes."""
+    base = _PACKED_ENVIRONMENT if settings.pack_pairs else _KIND_ENVIRONMENT.get(settings.kind, {})
+    return {**base, "VLLM_FLOAT32_MATMUL_PRECISION": settings.float32_matmul_precision}
 
 
 def _start(model: ServedModel) -> None:

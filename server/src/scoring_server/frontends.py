@@ -213,6 +213,7 @@ def _serve_metrics(settings: ServerSettings, engines: list[_Engine]) -> None:
                 e.settings.name,
                 e.settings.kind.value,
                 e.settings.dtype,
+                e.settings.served_matmul_precision() or "",
                 ",".join(e.vllm_config.model_config.architectures or []),
                 _rerank_mode(e),
                 e.alive,

@@ -77,6 +77,7 @@ class ModelState:
     name: str
     kind: str
     dtype: str
+    float32_matmul_precision: str  # "" where the dtype is not float32
     architecture: str
     mode: str
     ready: bool
@@ -90,6 +91,7 @@ def served_states(registry: ModelRegistry) -> list[ModelState]:
             name,
             model.settings.kind.value,
             model.settings.dtype,
+            model.settings.served_matmul_precision() or "",
             model.architecture,
             model.processor.settings.mode.value if isinstance(model.processor, RerankerIOProcessor) else "",
             model.ready,
@@ -106,12 +108,14 @@ class ModelStateCollector(Collector):
         self._states = states
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        labels = ["model", "kind", "dtype", "architecture", "mode"]
+        labels = ["model", "kind", "dtype", "float32_matmul_precision", "architecture", "mode"]
         info = GaugeMetricFamily("scoring_model_info", "Served models (value 1).", labels=labels)
         ready = GaugeMetricFamily("scoring_engine_ready", "1 when the model's engine serves.", labels=["model"])
         states = GaugeMetricFamily(STATE_ENTRIES_NAME, STATE_ENTRIES_HELP, labels=["model"])
         for model in self._states():
-            info.add_metric([model.name, model.kind, model.dtype, model.architecture, model.mode], 1)
+            info.add_metric(
+                [model.name, model.kind, model.dtype, model.float32_matmul_precision, model.architecture, model.mode], 1
+            )
             ready.add_metric([model.name], 1.0 if model.ready else 0.0)
             if model.pending_states is not None:
                 states.add_metric([model.name], model.pending_states)

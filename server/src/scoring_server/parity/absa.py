@@ -68,16 +68,14 @@ def compare(expected: list[Judgement], actual: list[Judgement]) -> dict[str, Any
     }
 
 
-async def absa_report(
-    settings: ModelSettings, rows: list[dict[str, Any]], dtype: str
-) -> dict[str, Any]:
+async def absa_report(settings: ModelSettings, rows: list[dict[str, Any]]) -> dict[str, Any]:
     pairs = read_pairs(rows)
     def reference() -> list[Judgement]:
         model = AbsaReference(settings.path, hf_overrides=settings.effective_hf_overrides())
         return [Judgement.of_reference(j) for j in model.analyze(pairs)]
 
     report, batched = await compare_paths(
-        settings, dtype, reference, lambda path, batched: _plugin(path, pairs, batched), compare
+        settings, reference, lambda path, batched: _plugin(path, pairs, batched), compare
     )
     # How the served model labels these inputs (thresholds from config included).
     report["plugin_labels_fp32"] = dict(sorted(Counter(j.label for j in batched).items()))

@@ -19,6 +19,7 @@ from transformers import AutoConfig
 from scoring_plugin.models import ABSA_ARCHITECTURES, IMAGE_RANK_ARCHITECTURE
 from scoring_server.config import ModelKind, ModelSettings
 from scoring_server.parity.absa import absa_report
+from scoring_server.parity.comparisons import served_label
 from scoring_server.parity.image_rank import image_rank_report
 from scoring_server.parity.rerank import rerank_report
 
@@ -33,6 +34,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--kind", choices=["rerank", "absa", "image_rank"], help="default: from the architecture")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                         help="the serving dtype, compared with fp32")
+    parser.add_argument("--float32-matmul-precision", default="highest", choices=["highest", "high", "medium"],
+                        help="with --dtype float32: the served path's matmuls, compared with IEEE fp32")
     parser.add_argument("--hf-overrides", type=json.loads, default={})
     parser.add_argument("--engine-args", type=json.loads, default={})
     parser.add_argument("--max-model-len", type=int)
@@ -93,7 +96,8 @@ def main(argv: list[str] | None = None) -> None:
         name="parity",
         kind=kind,
         path=str(args.checkpoint),
-        dtype="float32",
+        dtype=args.dtype,
+        float32_matmul_precision=args.float32_matmul_precision,
         hf_overrides=args.hf_overrides,
         max_model_len=args.max_model_len,
         pack_pairs=args.pack_pairs,
@@ -102,12 +106,13 @@ def main(argv: list[str] | None = None) -> None:
         engine_args={**_ENGINE_DEFAULTS, **args.engine_args},
     )
     if kind is ModelKind.IMAGE_RANK:
-        report = asyncio.run(image_rank_report(settings, rows, args.dtype, args.inputs.parent))
+        report = asyncio.run(image_rank_report(settings, rows, args.inputs.parent))
     else:
         build = absa_report if kind is ModelKind.ABSA else rerank_report
-        report = asyncio.run(build(settings, rows, args.dtype))
-    report = {"kind": kind.value, "checkpoint": str(args.checkpoint), "dtype": args.dtype, **report}
-    print(f"parity report: {kind.value} {args.checkpoint} (serving dtype {args.dtype})")
+        report = asyncio.run(build(settings, rows))
+    report = {"kind": kind.value, "checkpoint": str(args.checkpoint), "dtype": args.dtype,
+              "float32_matmul_precision": settings.served_matmul_precision(), **report}
+    print(f"parity report: {kind.value} {args.checkpoint} (serving {served_label(settings)})")
     print(render({k: v for k, v in report.items() if isinstance(v, dict)}))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))

@@ -20,25 +20,33 @@ def summarize(diffs: list[float], what: str) -> dict[str, float]:
     }
 
 
+def served_label(settings: ModelSettings) -> str:
+    """The served path's name in reports: its dtype, and a relaxed fp32 matmul precision."""
+    precision = settings.served_matmul_precision()
+    return settings.dtype if precision in (None, "highest") else f"{settings.dtype}_matmul_{precision}"
+
+
 async def compare_paths(
     settings: ModelSettings,
-    dtype: str,
     reference: Callable[[], R],
     run: Callable[[PluginPath, bool], Awaitable[R]],
     compare: Callable[[R, R], dict[str, Any]],
 ) -> tuple[dict[str, Any], R]:
     """`run(path, batched)` scores the inputs through the plugin path; returns the report and
-    the fp32 batched results. The engines run first and `reference()` only after they have
-    shut down: the Hugging Face reference may initialise CUDA in this process (transformers
-    asks for the device count), and an engine process forked after that cannot use the GPU."""
-    async with started(settings.model_copy(update={"dtype": "float32"})) as fp32:
+    the fp32 batched results (IEEE matmuls, whatever ``settings`` serves). The engines run
+    first and `reference()` only after they have shut down: the Hugging Face reference may
+    initialise CUDA in this process (transformers asks for the device count), and an engine
+    process forked after that cannot use the GPU."""
+    strict = {"dtype": "float32", "float32_matmul_precision": "highest"}
+    async with started(settings.model_copy(update=strict)) as fp32:
         batched = await run(fp32, True)
         single = await run(fp32, False)
     served = served_single = None
+    dtype = served_label(settings)
     if dtype != "float32":
         # Single calls too: on CUDA a packed engine replays small steps (one pair) as whole-step
         # graphs and large ones (a batched call) piecewise, so this compares the two there.
-        async with started(settings.model_copy(update={"dtype": dtype})) as path:
+        async with started(settings) as path:
             served = await run(path, True)
             served_single = await run(path, False)
     report: dict[str, Any] = {

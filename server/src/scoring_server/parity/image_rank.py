@@ -40,7 +40,7 @@ async def _plugin(path: PluginPath, queries: list[Query], batched: bool) -> Scor
     return out
 
 
-async def image_rank_report(settings: ModelSettings, rows: list[dict[str, Any]], dtype: str, base: Path) -> dict[str, Any]:
+async def image_rank_report(settings: ModelSettings, rows: list[dict[str, Any]], base: Path) -> dict[str, Any]:
     queries = read_queries(rows, base)
     def reference() -> Scores:
         model = ImageRankReference(settings.path)
@@ -56,6 +56,6 @@ async def image_rank_report(settings: ModelSettings, rows: list[dict[str, Any]],
                 raise SystemExit(f"{mismatched} queries scored a duplicated image differently")
         return await _plugin(path, queries, batched)
 
-    report, _ = await compare_paths(settings, dtype, reference, run, compare)
+    report, _ = await compare_paths(settings, reference, run, compare)
     report["duplicates_identical"] = {"queries": len(queries), "orderings_match": len(queries)}
     return report

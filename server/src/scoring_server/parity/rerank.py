@@ -55,15 +55,13 @@ def compare(expected: Scores, actual: Scores) -> dict[str, Any]:
     }
 
 
-async def rerank_report(
-    settings: ModelSettings, rows: list[dict[str, Any]], dtype: str
-) -> dict[str, Any]:
+async def rerank_report(settings: ModelSettings, rows: list[dict[str, Any]]) -> dict[str, Any]:
     queries = read_queries(rows)
     def reference() -> list[list[float]]:
         scorer = reference_for(Path(settings.path), settings.hf_overrides)
         return [scorer(q, docs, True) for q, docs in queries]
 
     report, _ = await compare_paths(
-        settings, dtype, reference, lambda path, batched: _plugin(path, queries, batched), compare
+        settings, reference, lambda path, batched: _plugin(path, queries, batched), compare
     )
     return report

@@ -24,6 +24,11 @@ _MODES = {
     RerankMode.BI_ENCODER: rerank_pb2.RERANK_MODE_BI_ENCODER,
     RerankMode.LATE_INTERACTION: rerank_pb2.RERANK_MODE_LATE_INTERACTION,
 }
+_MATMUL_PRECISIONS = {
+    "highest": info_pb2.FLOAT32_MATMUL_PRECISION_HIGHEST,
+    "high": info_pb2.FLOAT32_MATMUL_PRECISION_HIGH,
+    "medium": info_pb2.FLOAT32_MATMUL_PRECISION_MEDIUM,
+}
 _DEFAULT_ACTIVATIONS = {
     RerankMode.CROSS_ENCODER: rerank_pb2.ACTIVATION_SIGMOID,
     RerankMode.BI_ENCODER: rerank_pb2.ACTIVATION_NONE,
@@ -58,6 +63,9 @@ class InfoServicer(info_pb2_grpc.InfoServiceServicer):
                 max_concurrent_requests=model.admission.max_requests,
                 max_queued_items=model.admission.max_items,
             )
+            precision = model.settings.served_matmul_precision()
+            if precision is not None:
+                info.float32_matmul_precision = _MATMUL_PRECISIONS[precision]
             processor = model.processor
             if processor is not None:
                 info.max_tokens_per_item = processor.max_model_len
