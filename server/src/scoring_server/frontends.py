@@ -24,13 +24,14 @@ import shutil
 import signal
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 from types import FrameType
 
+import psutil
 from vllm.config import VllmConfig
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.engine.utils import CoreEngineProcManager, EngineZmqListeners, bind_engine_zmq_listeners, launch_core_engines
@@ -45,6 +46,8 @@ logger = logging.getLogger(__name__)
 
 # Beyond the drain grace, for a front-end to close its engine clients and exit.
 EXIT_MARGIN_S = 10.0
+# An engine's workers get this long to exit after SIGTERM once their core has stopped.
+WORKER_GRACE_S = 5.0
 _METRICS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 # Front-ends start fresh interpreters (CUDA and vLLM's threads do not survive fork).
 _SPAWN = multiprocessing.get_context("spawn")
@@ -65,6 +68,9 @@ class _Engine:
     dead: EventType
     manager: CoreEngineProcManager | None = None
     started: bool = False
+    # The engine core's own children (its executor's workers), seen once it is ready: a core
+    # killed outright orphans them, and its manager only stops the core itself.
+    workers: list[psutil.Process] = field(default_factory=list)
 
     @classmethod
     def configure(cls, settings: ModelSettings, frontends: int) -> _Engine:
@@ -105,6 +111,7 @@ class _Engine:
                     raise RuntimeError("expected one local engine core process and no coordinator")
                 launched.watched_frontend_processes = frontends
         self.started = True
+        self.workers = [child for p in self.processes for child in psutil.Process(p.pid).children(recursive=True)]
 
     @property
     def processes(self) -> list[BaseProcess]:
@@ -117,8 +124,25 @@ class _Engine:
     def shutdown(self) -> None:
         if self.manager is not None:
             self.manager.shutdown()
+        _end(self.workers, WORKER_GRACE_S)
         for listener in (*self.listeners.inputs, *self.listeners.outputs):
             listener.cleanup()
+
+
+def _end(processes: list[psutil.Process], grace_s: float) -> None:
+    """SIGTERM, then SIGKILL whatever still runs after ``grace_s``; psutil checks each one is
+    still the process it saw (no stranger that reused a pid is touched)."""
+    for process in processes:
+        try:
+            process.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(processes, timeout=grace_s)
+    for process in alive:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 def supervise(settings: ServerSettings, log_level: str) -> int:
