@@ -166,15 +166,16 @@ def main() -> None:
                 row["eager_unfused_ms"] = round(timed(eager, args.repeats), 3)
                 for layer, cache in zip(layers, saved):
                     layer.self_attn.swap_norm_rope_cache(cache)
-            if tf32:
+            if tf32:  # what the server's `float32_matmul_precision: high` sets in its engine
                 exact = eager()[0].float()
-                torch.backends.cuda.matmul.allow_tf32 = True
+                precision = torch.get_float32_matmul_precision()
+                torch.set_float32_matmul_precision("high")
                 try:
                     row["eager_tf32_ms"] = round(timed(eager, args.repeats), 3)
                     moved = (eager()[0].float() - exact).abs().max() / exact.abs().max().clamp_min(1e-6)
                     row["tf32_max_rel_diff"] = float(moved)
                 finally:
-                    torch.backends.cuda.matmul.allow_tf32 = False
+                    torch.set_float32_matmul_precision(precision)
             log(f"{count} tokens: {row}")
             rows.append(row)
             if tokens == profiled_tokens:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from scoring_plugin.image_rank.settings import OVERRIDES_KEY as IMAGE_RANK_OVERRIDES_KEY
-from scoring_server.config import ModelKind, ModelSettings, ServerSettings
+from scoring_server.config import FLOAT32_MATMUL_PRECISIONS, ModelKind, ModelSettings, ServerSettings
 
 DEFAULT_DEMO_DIR = Path(os.environ.get("SCORING_DEMO_DIR", ".demo-models"))
 
@@ -29,7 +29,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
     parser.add_argument(
         "--float32-matmul-precision",
-        choices=["highest", "high", "medium"],
+        choices=FLOAT32_MATMUL_PRECISIONS,
         help="float32 models: IEEE matmuls (highest, the default), TF32 (high) or bf16 (medium) products",
     )
     parser.add_argument("--rerank-mode", choices=["cross_encoder", "bi_encoder", "late_interaction"])

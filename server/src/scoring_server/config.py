@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from enum import Enum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -25,6 +25,9 @@ from scoring_server.security import AuthSettings, TlsSettings
 from scoring_server.tracing import TracingSettings
 
 MIB = 1024 * 1024
+# torch's and vLLM's names (VLLM_FLOAT32_MATMUL_PRECISION): IEEE fp32, TF32 or bf16 products.
+Float32MatmulPrecision = Literal["highest", "high", "medium"]
+FLOAT32_MATMUL_PRECISIONS: tuple[str, ...] = get_args(Float32MatmulPrecision)
 
 
 class ModelKind(str, Enum):
@@ -70,7 +73,7 @@ class ModelSettings(BaseModel):
     # products); "medium" bf16 products. An explicit trade, reported by GetInfo and /metrics:
     # strict fp32 GEMMs bound an 8-pair ModernBERT-large step to ~13 ms on the H200
     # (bench/README.md). dtype float32 only: the others have no fp32 matmuls to relax.
-    float32_matmul_precision: Literal["highest", "high", "medium"] = "highest"
+    float32_matmul_precision: Float32MatmulPrecision = "highest"
     # Passed to vLLM's AsyncEngineArgs unchanged (enforce_eager, tensor_parallel_size, ...).
     engine_args: dict[str, Any] = Field(default_factory=dict)
     default: bool = False

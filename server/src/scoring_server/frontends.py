@@ -17,6 +17,7 @@ health goes NOT_SERVING, and it exits after `engine_failure_linger_s`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -133,16 +134,12 @@ def _end(processes: list[psutil.Process], grace_s: float) -> None:
     """SIGTERM, then SIGKILL whatever still runs after ``grace_s``; psutil checks each one is
     still the process it saw (no stranger that reused a pid is touched)."""
     for process in processes:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             process.terminate()
-        except psutil.NoSuchProcess:
-            pass
     _, alive = psutil.wait_procs(processes, timeout=grace_s)
     for process in alive:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             process.kill()
-        except psutil.NoSuchProcess:
-            pass
 
 
 def supervise(settings: ServerSettings, log_level: str) -> int:
@@ -237,7 +234,7 @@ def _serve_metrics(settings: ServerSettings, engines: list[_Engine]) -> None:
                 e.settings.name,
                 e.settings.kind.value,
                 e.settings.dtype,
-                e.settings.served_matmul_precision() or "",
+                e.settings.served_matmul_precision(),
                 ",".join(e.vllm_config.model_config.architectures or []),
                 _rerank_mode(e),
                 e.alive,

@@ -77,7 +77,7 @@ class ModelState:
     name: str
     kind: str
     dtype: str
-    float32_matmul_precision: str  # "" where the dtype is not float32
+    float32_matmul_precision: str | None  # None where the dtype is not float32
     architecture: str
     mode: str
     ready: bool
@@ -91,7 +91,7 @@ def served_states(registry: ModelRegistry) -> list[ModelState]:
             name,
             model.settings.kind.value,
             model.settings.dtype,
-            model.settings.served_matmul_precision() or "",
+            model.settings.served_matmul_precision(),
             model.architecture,
             model.processor.settings.mode.value if isinstance(model.processor, RerankerIOProcessor) else "",
             model.ready,
@@ -114,7 +114,9 @@ class ModelStateCollector(Collector):
         states = GaugeMetricFamily(STATE_ENTRIES_NAME, STATE_ENTRIES_HELP, labels=["model"])
         for model in self._states():
             info.add_metric(
-                [model.name, model.kind, model.dtype, model.float32_matmul_precision, model.architecture, model.mode], 1
+                [model.name, model.kind, model.dtype, model.float32_matmul_precision or "", model.architecture,
+                 model.mode],
+                1,
             )
             ready.add_metric([model.name], 1.0 if model.ready else 0.0)
             if model.pending_states is not None:

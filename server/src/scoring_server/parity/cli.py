@@ -17,7 +17,7 @@ from typing import Any
 from transformers import AutoConfig
 
 from scoring_plugin.models import ABSA_ARCHITECTURES, IMAGE_RANK_ARCHITECTURE
-from scoring_server.config import ModelKind, ModelSettings
+from scoring_server.config import FLOAT32_MATMUL_PRECISIONS, ModelKind, ModelSettings
 from scoring_server.parity.absa import absa_report
 from scoring_server.parity.comparisons import served_label
 from scoring_server.parity.image_rank import image_rank_report
@@ -34,7 +34,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--kind", choices=["rerank", "absa", "image_rank"], help="default: from the architecture")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                         help="the serving dtype, compared with fp32")
-    parser.add_argument("--float32-matmul-precision", default="highest", choices=["highest", "high", "medium"],
+    parser.add_argument("--float32-matmul-precision", default="highest", choices=FLOAT32_MATMUL_PRECISIONS,
                         help="with --dtype float32: the served path's matmuls, compared with IEEE fp32")
     parser.add_argument("--hf-overrides", type=json.loads, default={})
     parser.add_argument("--engine-args", type=json.loads, default={})
