@@ -9,7 +9,10 @@ same dtype, same GPU. Closed-loop load (see harness.py). Our server packs every 
 into one engine request (`pack_pairs`; `--no-pack` turns it off, `grpc-unpacked` adds the
 unpacked server to the same run; `grpc-threads` the server with `inline_plan_items: 0`, every
 call tokenized in a worker thread); `grpc-frontends` runs it with `--frontends` gRPC front-end
-processes sharing the engine core (the client then spreads its calls over several connections).
+processes sharing the engine core (the client then spreads its calls over several connections);
+`grpc-base` runs another build of our packages (`--base-site DIR`, e.g. the last commit's
+wheels installed with `pip install --target DIR`), so a change is measured against its base in
+one run, on one machine.
 
     python bench/absa.py --out bench/results                      # GPU, bf16
     python bench/absa.py --scenario fp32 --out bench/results      # GPU, fp32 (eager)
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import re
 import statistics
@@ -156,12 +160,13 @@ async def drive(system: str, send, requests: list[Pairs], scenario: Scenario, se
 async def bench_grpc(
     model: Path, scenario: Scenario, requests: list[Pairs], work: Path, packed: bool, system: str,
     full_graph_tokens: int | None = None, frontends: int = 1, channels: int | None = None,
-    inline_plan_items: int | None = None, matmul_precision: str | None = None,
+    inline_plan_items: int | None = None, matmul_precision: str | None = None, site: str | None = None,
 ) -> list[Level]:
     """Our server; ``full_graph_tokens`` its ``pack_full_graph_tokens``, ``inline_plan_items``
     and ``matmul_precision`` (``float32_matmul_precision``) its settings of those names (None:
     their defaults). The client sends its calls over ``channels`` connections in turn (None:
-    harness.channel_count)."""
+    harness.channel_count). ``site``: a directory of other builds of our packages, imported by
+    the server before the installed ones (another commit, compared in the same run)."""
     import itertools
 
     from scoring.v1 import absa_pb2, absa_pb2_grpc
@@ -183,7 +188,9 @@ async def bench_grpc(
     write_server_config(config, port, [settings], metrics_port=metrics_port, frontends=frontends,
                         inline_plan_items=inline_plan_items)
     log(f"{system}: starting our server")
-    server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], work / "absa-grpc-server.log")
+    environment = None if site is None else {"PYTHONPATH": os.pathsep.join(filter(None, [site, os.environ.get("PYTHONPATH")]))}
+    server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], work / "absa-grpc-server.log",
+                   environment)
     count = channels or channel_count(frontends)
     try:
         async with grpc_channels(f"127.0.0.1:{port}", count) as channels:
@@ -321,6 +328,9 @@ async def main_async(args: argparse.Namespace) -> Report:
     if "grpc" in systems:
         label = "grpc (ours)" if scenario.pack_pairs else "grpc (ours, unpacked)"
         report.levels += await bench_grpc(absa, scenario, requests, work, scenario.pack_pairs, label)
+    if "grpc-base" in systems:
+        report.levels += await bench_grpc(absa, scenario, requests, work, scenario.pack_pairs,
+                                          f"grpc (ours, base: {Path(args.base_site).name})", site=args.base_site)
     if "grpc-unpacked" in systems and scenario.pack_pairs:
         report.levels += await bench_grpc(absa, scenario, requests, work, False, "grpc (ours, unpacked)")
     if "grpc-piecewise" in systems and scenario.pack_pairs:
@@ -353,9 +363,12 @@ def main() -> None:
     parser.add_argument("--cpu-smoke", action="store_true")
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="bf16")
     parser.add_argument("--systems", default="hf,grpc,plugin,classify",
-                        help="of hf,grpc,grpc-unpacked,grpc-piecewise,grpc-threads,grpc-frontends,plugin,classify; "
+                        help="of hf,grpc,grpc-base,grpc-unpacked,grpc-piecewise,grpc-threads,grpc-frontends,plugin,"
+                             "classify; "
                              "fp32 also grpc-tf32,classify-tf32 (float32_matmul_precision high)")
     parser.add_argument("--frontends", type=int, default=4, help="front-end processes of grpc-frontends")
+    parser.add_argument("--base-site", help="grpc-base: our server with the packages installed in this directory "
+                                            "(pip install --target) first on its path: a baseline build, same run")
     parser.add_argument("--channels", type=int, help="connections of grpc-frontends' client (default 4 per front-end)")
     parser.add_argument("--no-pack", action="store_true", help="our server without pair packing")
     parser.add_argument("--seconds-per-level", type=float, help="override the scenario's")
@@ -363,6 +376,8 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/scoring-bench")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
+    if "grpc-base" in args.systems.split(",") and not args.base_site:
+        parser.error("grpc-base needs --base-site")
     report = asyncio.run(main_async(args))
     stem = f"absa-{report.scenario['name']}-{report.scenario['dtype']}"
     write_results(Path(args.out), stem, report, table(report))

@@ -88,17 +88,22 @@ def test_best_spans_of_a_call_equal_each_pair_decoded_alone() -> None:
             ends.append(logits[1])
             reviews.append((lo, hi))
         max_span = int(rng.randint(1, 60))
-        together = best_spans(starts, ends, reviews, max_span)
+        # The call's logits end to end, as the IO processor passes them; spans come back there.
+        bases = np.cumsum([0] + [len(s) for s in starts])[:-1]
+        together = best_spans(
+            np.concatenate(starts), np.concatenate(ends),
+            [(base + lo, base + hi) for base, (lo, hi) in zip(bases, reviews)], max_span,
+        )
         alone = [
             _reference_span(s, e, lo, hi, max_span) if hi > lo else None
             for s, e, (lo, hi) in zip(starts, ends, reviews)
         ]
         assert len(together) == pairs
-        for got, want in zip(together, alone):
+        for got, want, base in zip(together, alone, bases):
             if want is None:
                 assert got is None
             else:
-                assert got is not None and (got.start, got.end) == want[:2], case
+                assert got is not None and (got.start - base, got.end - base) == want[:2], case
                 assert got.score == pytest.approx(want[2], rel=1e-9)
 
 
@@ -536,6 +541,20 @@ def test_encoder_rejects_separator_in_aspect(wordpiece, aspect: str) -> None:
     with pytest.raises(InvalidInputError) as info:
         PairEncoder(wordpiece, 64).encode(pairs, None)
     assert [v.field for v in info.value.violations] == ["pairs[1].aspect"]
+
+
+def test_encoder_rejects_a_review_without_tokens(wordpiece) -> None:
+    """Zero-width characters are text to `validate` and nothing to an uncased WordPiece
+    tokenizer: that pair's review is named, its neighbours encode."""
+    pairs = [_pair("food", "nice place", 0), _pair("food", "\u200b\u200b", 1)]
+    with pytest.raises(InvalidInputError) as info:
+        PairEncoder(wordpiece, 64).encode(pairs, None)
+    assert [(v.field, v.description) for v in info.value.violations] == [
+        ("pairs[1].review", "has no tokens the model knows")
+    ]
+    (alone,) = PairEncoder(wordpiece, 64).encode(pairs[:1], None)
+    lo, hi = alone.review_tokens
+    assert alone.token_ids[lo - 1] == alone.token_ids[-1] == wordpiece.sep_token_id and hi == len(alone.token_ids) - 1
 
 
 def test_encoder_max_tokens_above_model_length_is_rejected(tokenizer) -> None:

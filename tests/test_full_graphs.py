@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from scoring_plugin.models.full_graphs import StaticInputs, group_capacity, key_capacity, probe_layouts
-from scoring_plugin.models.packed_attention import DevicePlan, PairAttention
+from scoring_plugin.models.packed_attention import DevicePlan, PairAttention, staged, views
 from scoring_plugin.packing import AttentionPlan
 
 CPU = torch.device("cpu")
@@ -50,7 +50,7 @@ def test_a_loaded_step_attends_like_the_step_itself(layouts: list[list[int]], ca
     inputs.kv_index.fill_(63)
     own = DevicePlan.of(step, CPU)
     hidden = torch.randn(tokens, HIDDEN)
-    assert inputs.load(bucket, hidden, own.positions, own)
+    assert inputs.load(bucket, hidden, step)
     assert torch.equal(inputs.embeds[:tokens], hidden)
     assert torch.equal(inputs.positions[:tokens], own.positions)
 
@@ -72,13 +72,13 @@ def test_a_step_with_more_groups_or_keys_than_its_bucket_is_not_loaded() -> None
     inputs = StaticInputs(size, HIDDEN, HEADS * DIM, torch.float32, CPU)
     bucket = inputs.plan(size)
     before = (inputs.cu_q.clone(), inputs.kv_index.clone())
-    many_groups = DevicePlan.of(AttentionPlan.build([[0] + [1] * (group_capacity(size) + 1)]), CPU)
+    many_groups = AttentionPlan.build([[0] + [1] * (group_capacity(size) + 1)])
     # Every one-token document re-reads a 10-token head: keys far past the step's tokens.
-    many_keys = DevicePlan.of(AttentionPlan.build([[10] + [1] * 15]), CPU)
+    many_keys = AttentionPlan.build([[10] + [1] * 15])
     assert many_keys.kv_index.shape[0] > key_capacity(size)
     for plan in (many_groups, many_keys):
         hidden = torch.zeros(plan.positions.shape[0], HIDDEN)
-        assert not inputs.load(bucket, hidden, plan.positions, plan)
+        assert not inputs.load(bucket, hidden, plan)
     assert torch.equal(inputs.cu_q, before[0]) and torch.equal(inputs.kv_index, before[1])
 
 
@@ -99,3 +99,16 @@ def test_capacities_hold_the_benchmarks_small_steps() -> None:
         assert len(plan.cu_q) - 1 <= group_capacity(bucket)
         assert len(plan.kv_index) <= key_capacity(bucket)
     assert np.all(np.diff(absa.cu_q) == 67)
+
+
+def test_a_plan_staged_as_one_block_views_back_as_its_arrays() -> None:
+    """What DevicePlan.of copies to the GPU in one piece: every array back at its own dtype and
+    values, odd lengths included (int32 arrays of odd length end between 8-byte offsets)."""
+    plan = AttentionPlan.build([[5, 7, 3, 9], [0, 11, 4]])  # 7 group boundaries: 28 bytes
+    arrays = [plan.positions, plan.kv_index, plan.score_rows, plan.cu_q, plan.cu_k, np.zeros(0, np.int64)]
+    block, spans = staged(arrays, pinned=False)
+    assert all(start % 8 == 0 for start, _ in spans)
+    back = views(block, spans, [torch.int64, torch.int64, torch.int64, torch.int32, torch.int32, torch.int64])
+    for array, tensor in zip(arrays, back):
+        assert tensor.dtype == torch.from_numpy(array).dtype
+        assert tensor.tolist() == array.tolist()

@@ -114,6 +114,21 @@ def test_attention_plan_of_two_requests() -> None:
     assert plan.segments == [2, 1]
 
 
+@pytest.mark.parametrize("layouts", [
+    [[0, 5]],
+    [[0, 68, 67, 70, 1]],
+    [[0, 3], [0, 1, 9], [0, 4, 4, 4]],
+])
+def test_headless_layouts_take_the_short_path_to_the_same_plan(layouts: list[list[int]]) -> None:
+    """ABSA's steps (no request has a head) are planned by `whole_pairs`: the same arrays, dtypes
+    and bounds as the general construction."""
+    short, general = AttentionPlan.build(layouts), AttentionPlan.general(layouts)
+    for name in ("positions", "kv_index", "cu_q", "cu_k", "score_rows"):
+        a, b = getattr(short, name), getattr(general, name)
+        assert a.dtype == b.dtype and a.tolist() == b.tolist(), name
+    assert (short.max_q, short.max_k, short.segments) == (general.max_q, general.max_k, general.segments)
+
+
 def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Plain causal attention of one sequence, (tokens, heads, dim); GQA by repeating kv heads."""
     repeat = q.shape[1] // k.shape[1]

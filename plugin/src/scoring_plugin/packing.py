@@ -16,6 +16,7 @@ side: which keys each query group may read, the positions, where each segment's 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -92,44 +93,60 @@ class AttentionPlan:
 
     @classmethod
     def build(cls, layouts: Sequence[Sequence[int]]) -> AttentionPlan:
-        """Layouts of the step's requests, in the order of their tokens."""
-        range_starts: list[np.ndarray] = []
-        range_lengths: list[np.ndarray] = []
-        q_lengths: list[np.ndarray] = []
-        kv_lengths: list[np.ndarray] = []
-        pos_starts: list[np.ndarray] = []
-        score_rows: list[np.ndarray] = []
-        start = 0
-        for layout in layouts:
-            head = int(layout[0])
-            segs = np.asarray(layout[1:], dtype=np.int64)
-            seg_starts = start + head + np.cumsum(segs) - segs
-            # Each segment group reads two key ranges: the head, then the segment itself.
-            starts = np.stack([np.full(len(segs), start), seg_starts], axis=1).reshape(-1)
-            lengths = np.stack([np.full(len(segs), head), segs], axis=1).reshape(-1)
-            groups_q, groups_k, positions = segs, head + segs, np.full(len(segs), head)
-            if head:  # the head's own group reads only the head
-                starts = np.concatenate([[start], starts])
-                lengths = np.concatenate([[head], lengths])
-                groups_q = np.concatenate([[head], groups_q])
-                groups_k = np.concatenate([[head], groups_k])
-                positions = np.concatenate([[0], positions])
-            range_starts.append(starts)
-            range_lengths.append(lengths)
-            q_lengths.append(groups_q)
-            kv_lengths.append(groups_k)
-            pos_starts.append(positions)
-            score_rows.append(seg_starts + segs - 1)
-            start += head + int(segs.sum())
-        q_len = np.concatenate(q_lengths)
-        kv_len = np.concatenate(kv_lengths)
+        """Layouts of the step's requests, in the order of their tokens.
+
+        The engine core builds a plan every step, on the c=1 path, where the H200 host runs
+        each array operation several times slower than back to back (a step finds the core's
+        caches cold: ``bench/absa_host_costs.py``). So a fixed number of operations whatever
+        the number of requests, and fewer still where no request has a head (ABSA)."""
+        if all(layout[0] == 0 for layout in layouts):
+            return cls.whole_pairs(layouts)
+        return cls.general(layouts)
+
+    @classmethod
+    def whole_pairs(cls, layouts: Sequence[Sequence[int]]) -> AttentionPlan:
+        """Layouts without heads: every segment is a whole pair, a query group reading its own
+        rows. The plan :meth:`general` builds for them."""
+        lengths = np.fromiter(
+            itertools.chain.from_iterable(layout[1:] for layout in layouts), dtype=np.int64
+        )
+        ends = np.cumsum(lengths)
+        rows = np.arange(ends[-1])
+        cu = np.concatenate([[0], ends]).astype(np.int32)
+        longest = int(lengths.max())
         return cls(
-            positions=_ranges(np.concatenate(pos_starts), q_len),
-            kv_index=_ranges(np.concatenate(range_starts), np.concatenate(range_lengths)),
+            positions=rows - np.repeat(ends - lengths, lengths), kv_index=rows, cu_q=cu, cu_k=cu,
+            max_q=longest, max_k=longest, score_rows=ends - 1, segments=[len(layout) - 1 for layout in layouts],
+        )
+
+    @classmethod
+    def general(cls, layouts: Sequence[Sequence[int]]) -> AttentionPlan:
+        """Any layouts, heads or not."""
+        entries = np.fromiter(itertools.chain.from_iterable(layouts), dtype=np.int64)
+        counts = np.fromiter((len(layout) for layout in layouts), dtype=np.int64, count=len(layouts))
+        heads = np.cumsum(counts) - counts  # each request's head entry
+        is_head = np.zeros(len(entries), dtype=bool)
+        is_head[heads] = True
+        starts = np.cumsum(entries) - entries  # each entry's first token
+        request = np.repeat(np.arange(len(layouts)), counts)
+        head_len, request_start = entries[heads][request], starts[heads][request]
+        # Query groups: every segment, and every head that has tokens. A segment reads its
+        # request's head, then itself; a head reads itself (the second range is empty).
+        group = ~is_head | (entries > 0)
+        q_len, q_head = entries[group], is_head[group]
+        g_head_len, g_start, g_request_start = head_len[group], starts[group], request_start[group]
+        own = np.where(q_head, 0, q_len)
+        kv_len = g_head_len + own
+        return cls(
+            positions=_ranges(np.where(q_head, 0, g_head_len), q_len),
+            kv_index=_ranges(
+                np.stack([g_request_start, g_start], axis=1).reshape(-1),
+                np.stack([g_head_len, own], axis=1).reshape(-1),
+            ),
             cu_q=np.concatenate([[0], np.cumsum(q_len)]).astype(np.int32),
             cu_k=np.concatenate([[0], np.cumsum(kv_len)]).astype(np.int32),
             max_q=int(q_len.max()),
             max_k=int(kv_len.max()),
-            score_rows=np.concatenate(score_rows),
-            segments=[len(layout) - 1 for layout in layouts],
+            score_rows=(starts + entries - 1)[~is_head],
+            segments=(counts - 1).tolist(),
         )

@@ -43,17 +43,22 @@ class PairEncoder:
         for pair, encoding in zip(pairs, batch):
             ids = encoding.ids
             sequence_ids = encoding.sequence_ids
-            review = [k for k, s in enumerate(sequence_ids) if s == _REVIEW]
-            aspect = [k for k, s in enumerate(sequence_ids) if s == 0]
-            if not review:
+            # Each text's tokens are one run in the pair template ([CLS] a [SEP] b [SEP]), so
+            # list searches find them without a Python loop over the tokens.
+            if _REVIEW not in sequence_ids:
                 violations.append(FieldViolation(pair.review_field, "has no tokens the model knows"))
                 continue
-            if self._sep is not None and any(ids[k] == self._sep for k in aspect):
-                violations.append(
-                    FieldViolation(pair.aspect_field, "contains the separator token, which would shift the segments")
-                )
-                continue
-            lo, hi = review[0], review[-1] + 1
+            if self._sep is not None and 0 in sequence_ids:
+                first = sequence_ids.index(0)
+                if self._sep in ids[first : first + sequence_ids.count(0)]:
+                    violations.append(
+                        FieldViolation(
+                            pair.aspect_field, "contains the separator token, which would shift the segments"
+                        )
+                    )
+                    continue
+            lo = sequence_ids.index(_REVIEW)
+            hi = len(sequence_ids) - sequence_ids[::-1].index(_REVIEW)
             offsets = encoding.offsets[lo:hi]
             excess = len(ids) - budget
             if excess > 0:

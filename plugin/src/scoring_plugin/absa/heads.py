@@ -6,8 +6,13 @@ identical by construction; parity tests then only have the encoders to compare.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
+import numpy as np
 import torch
 from torch import nn
+
+T = TypeVar("T", torch.Tensor, np.ndarray)
 
 
 class AbsaHeads(nn.Module):
@@ -38,16 +43,15 @@ def pack_outputs(sentiment: torch.Tensor, span: torch.Tensor) -> torch.Tensor:
     return torch.cat([sentiment.reshape(-1), span[:, 0], span[:, 1]])
 
 
-def unpack_outputs(
-    data: torch.Tensor, num_labels: int, pairs: int = 1
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def unpack_outputs(data: T, num_labels: int, pairs: int = 1) -> tuple[T, T, T]:
     """Inverse of :func:`pack_outputs`: (sentiment logits [pairs, labels], start logits, end
-    logits), the last two over all the request's tokens."""
+    logits), the last two over all the request's tokens. A tensor or a numpy array (the IO
+    processor decodes in numpy)."""
     flat = data.reshape(-1)
     head = num_labels * pairs
-    tokens, rest = divmod(flat.numel() - head, 2)
+    tokens, rest = divmod(len(flat) - head, 2)
     if rest or tokens < pairs:
         raise ValueError(
-            f"pooled ABSA output of {flat.numel()} values does not fit {pairs} pair(s) of {num_labels} labels"
+            f"pooled ABSA output of {len(flat)} values does not fit {pairs} pair(s) of {num_labels} labels"
         )
-    return flat[:head].reshape(pairs, num_labels), flat[head : head + tokens], flat[head + tokens :]
+    return flat[:head].reshape(pairs, num_labels), flat[head : head + tokens], flat[head + tokens :]  # type: ignore[return-value]

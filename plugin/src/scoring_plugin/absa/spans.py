@@ -27,34 +27,40 @@ def best_span(
     max_span_tokens: int,
 ) -> TokenSpan | None:
     """`review_tokens` is [lo, hi) in prompt positions; None when the review has no tokens."""
-    return best_spans([start_logits], [end_logits], [review_tokens], max_span_tokens)[0]
+    return best_spans(start_logits, end_logits, [review_tokens], max_span_tokens)[0]
 
 
 def best_spans(
-    start_logits: Sequence[np.ndarray],
-    end_logits: Sequence[np.ndarray],
-    review_tokens: Sequence[tuple[int, int]],
+    start_logits: np.ndarray,
+    end_logits: np.ndarray,
+    reviews: Sequence[tuple[int, int]],
     max_span_tokens: int,
 ) -> list[TokenSpan | None]:
     """:func:`best_span` of every pair of a call in one set of array operations: the server's
     event loop decodes every call, and per-pair numpy calls were most of its time per ABSA call
     on the H200 host (bench/results/host-profile-h200.md).
 
-    Rows are the pairs' review logits padded with -inf to the longest review; a span is a start
-    row position and an offset ``d < max_span_tokens`` to its end, so the scores of a pair are
-    [start, d] = log P(start) + log P(start + d), -inf past the review."""
-    lengths = [max(hi - lo, 0) for lo, hi in review_tokens]
-    longest = max(lengths, default=0)
+    The logits are those of all the call's tokens, end to end (a packed request's as the model
+    returns them), and ``reviews`` each pair's [lo, hi) among them; spans come back in the same
+    coordinates. Rows are the reviews' logits, gathered in one indexing and padded with -inf to
+    the longest review; a span is a start row position and an offset ``d < max_span_tokens``
+    to its end, so the scores of a pair are [start, d] = log P(start) + log P(start + d), -inf
+    past the review."""
+    lo = np.fromiter((r[0] for r in reviews), dtype=np.int64, count=len(reviews))
+    lengths = np.maximum(np.fromiter((r[1] for r in reviews), dtype=np.int64, count=len(reviews)) - lo, 0)
+    longest = int(lengths.max(initial=0))
     if longest == 0:
-        return [None] * len(lengths)
+        return [None] * len(reviews)
     width = min(max_span_tokens, longest)
-    start = np.full((len(lengths), longest), -np.inf)
-    end = np.full((len(lengths), longest + width - 1), -np.inf)
-    for row, ((lo, _), n, s, e) in enumerate(zip(review_tokens, lengths, start_logits, end_logits)):
-        if n == 0:  # no span; finite rows keep the softmaxes free of NaN
-            start[row], end[row] = 0.0, 0.0
-        start[row, :n] = s[lo : lo + n]
-        end[row, :n] = e[lo : lo + n]
+    offsets = np.arange(longest)
+    inside = offsets[None, :] < lengths[:, None]
+    rows = np.where(inside, lo[:, None] + offsets[None, :], 0)
+    # Reviews without tokens get finite rows: no NaN in their softmaxes (they have no span).
+    padding = np.where(lengths == 0, 0.0, -np.inf)[:, None]
+    start = np.where(inside, start_logits[rows], padding)
+    end = np.concatenate(
+        [np.where(inside, end_logits[rows], padding), np.broadcast_to(padding, (len(lengths), width - 1))], axis=1
+    )
     start, end = _log_softmax_rows(start), _log_softmax_rows(end)
     scores = start[:, :, None] + np.lib.stride_tricks.sliding_window_view(end, width, axis=1)
     # First maximum of each pair: ties go to the earliest start, then the earliest end.
@@ -62,8 +68,8 @@ def best_spans(
     first, offset = np.divmod(flat, width)
     best = np.exp(scores.reshape(len(lengths), -1)[np.arange(len(lengths)), flat])
     return [
-        TokenSpan(lo + int(s), lo + int(s + d), float(score)) if n else None
-        for (lo, _), n, s, d, score in zip(review_tokens, lengths, first, offset, best)
+        TokenSpan(int(row_lo + s), int(row_lo + s + d), float(score)) if n else None
+        for row_lo, n, s, d, score in zip(lo.tolist(), lengths.tolist(), first.tolist(), offset.tolist(), best.tolist())
     ]
 
 

@@ -93,17 +93,10 @@ class AbsaIOProcessor(ScoringIOProcessor[AbsaInput, AbsaOutput, _RequestState]):
         if not self._packed:
             self._states.put(request_id, state)
             params = self._pooling_params()
-            return [
-                EngineRequest(TokensPrompt(prompt_token_ids=list(p.token_ids)), params) for p in state.prompts
-            ]
+            return [EngineRequest.of_tokens(list(p.token_ids), params) for p in state.prompts]
         packed = pack([p.token_ids for p in state.prompts], 0, self._request_tokens)
         self._states.put(request_id, replace(state, packed=packed))
-        return [
-            EngineRequest(
-                TokensPrompt(prompt_token_ids=r.token_ids), self._pooling_params({LAYOUT_KEY: r.layout})
-            )
-            for r in packed
-        ]
+        return [EngineRequest.of_tokens(r.token_ids, self._pooling_params({LAYOUT_KEY: r.layout})) for r in packed]
 
     def _encode(self, request: AbsaInput) -> _RequestState:
         pairs = flatten(request)
@@ -129,7 +122,7 @@ class AbsaIOProcessor(ScoringIOProcessor[AbsaInput, AbsaOutput, _RequestState]):
     ) -> Sequence[TokensPrompt]:
         request_id = self._required_id(request_id)
         if not self._packed:
-            return [r.prompt for r in self.plan(prompt, request_id)]
+            return [r.token_prompt() for r in self.plan(prompt, request_id)]
         # vLLM's path shares one set of pooling parameters, so no layouts: one pair per prompt,
         # which the packed model reads as a request of one pair.
         state = self._encode(prompt)
@@ -145,30 +138,35 @@ class AbsaIOProcessor(ScoringIOProcessor[AbsaInput, AbsaOutput, _RequestState]):
         **kwargs: Any,
     ) -> AbsaOutput:
         state = self._states.pop(self._required_id(request_id))
-        data = [o.outputs.data for o in model_output]
         expected = len(state.prompts) if state.packed is None else len(state.packed)
-        if len(data) != expected:
-            raise ValueError(f"expected {expected} outputs, got {len(data)}")
+        if len(model_output) != expected:
+            raise ValueError(f"expected {expected} outputs, got {len(model_output)}")
         # The prompts behind each output: one each, or a packed request's segments in order.
         groups = (
             [[p] for p in range(len(state.prompts))]
             if state.packed is None
             else [r.prompts for r in state.packed]
         )
-        heads: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        for prompts, output in zip(groups, data):
+        lengths = np.fromiter((len(p.token_ids) for p in state.prompts), dtype=np.int64, count=len(state.prompts))
+        sentiment = np.empty((len(state.prompts), len(self.settings.labels)))
+        # Every output's span logits end to end, and where each prompt's tokens begin in them.
+        starts, ends, first_token = [], [], np.empty(len(state.prompts), dtype=np.int64)
+        offset = 0
+        for prompts, output in zip(groups, model_output):
             # Once per engine output, not per pair and head: float64 for the softmaxes.
-            logits = output.cpu().to(torch.float64)
-            if not torch.isfinite(logits).all():
+            logits = output.outputs.data.to("cpu", torch.float64).numpy()
+            if not np.isfinite(logits).all():
                 raise NonFiniteOutputError("the model produced a non-finite output")
-            sentiment, start, end = (t.numpy() for t in unpack_outputs(logits, len(self.settings.labels), len(prompts)))
-            lengths = [len(state.prompts[p].token_ids) for p in prompts]
-            if start.size != sum(lengths):
-                raise ValueError(f"expected span logits for {sum(lengths)} tokens, got {start.size}")
-            bounds = np.cumsum(lengths)[:-1]
-            for p, *pair in zip(prompts, sentiment, np.split(start, bounds), np.split(end, bounds)):
-                heads[p] = tuple(pair)
-        decoded = self._decode(state.prompts, [heads[p] for p in range(len(state.prompts))])
+            pair_sentiment, start, end = unpack_outputs(logits, len(self.settings.labels), len(prompts))
+            tokens = lengths[prompts]
+            if start.size != tokens.sum():
+                raise ValueError(f"expected span logits for {tokens.sum()} tokens, got {start.size}")
+            sentiment[prompts] = pair_sentiment
+            first_token[prompts] = offset + np.cumsum(tokens) - tokens
+            starts.append(start)
+            ends.append(end)
+            offset += start.size
+        decoded = self._decode(state.prompts, sentiment, np.concatenate(starts), np.concatenate(ends), first_token)
         results = []
         for i, (pair, p) in enumerate(zip(state.pairs, state.prompt_of_pair)):
             label, probabilities, span = decoded[p]
@@ -183,33 +181,36 @@ class AbsaIOProcessor(ScoringIOProcessor[AbsaInput, AbsaOutput, _RequestState]):
                     id=pair.id,
                 )
             )
-        return AbsaOutput(
-            results=results,
-            prompt_tokens=sum(len(p.token_ids) for p in state.prompts),
-            engine_requests=expected,
-        )
+        return AbsaOutput(results=results, prompt_tokens=int(lengths.sum()), engine_requests=expected)
 
     def _decode(
-        self, prompts: Sequence[EncodedPair], heads: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]
+        self,
+        prompts: Sequence[EncodedPair],
+        sentiment: np.ndarray,
+        start: np.ndarray,
+        end: np.ndarray,
+        first_token: np.ndarray,
     ) -> list[tuple[str, tuple[tuple[str, float], ...], TokenSpan | None]]:
-        """(sentiment, start, end) float64 logits of every prompt of a call -> label,
-        probabilities and evidence span of each, the softmaxes and span searches of all prompts
-        at once (this runs on the server's event loop, once per call)."""
+        """Sentiment logits [prompts, labels] and the span logits of all the call's tokens (each
+        prompt's from ``first_token`` on) -> label, probabilities and evidence span (in prompt
+        positions) of each prompt: the softmaxes and span searches of all prompts at once (this
+        runs on the server's event loop, once per call)."""
         labels = self.settings.labels
-        sentiment = np.stack([h[0] for h in heads])
         shifted = np.exp(sentiment - sentiment.max(axis=1, keepdims=True))
         probabilities = (shifted / shifted.sum(axis=1, keepdims=True)).tolist()
         spans = best_spans(
-            [h[1] for h in heads], [h[2] for h in heads], [p.review_tokens for p in prompts],
+            start, end, [(base + p.review_tokens[0], base + p.review_tokens[1]) for base, p in zip(first_token.tolist(), prompts)],
             self.settings.max_span_tokens,
         )
         return [
             (
                 labels[self.settings.choose_label(probs)],
                 tuple(zip(labels, probs)),
-                span if span is not None and span.score >= self.settings.min_span_score else None,
+                TokenSpan(span.start - base, span.end - base, span.score)
+                if span is not None and span.score >= self.settings.min_span_score
+                else None,
             )
-            for probs, span in zip(probabilities, spans)
+            for probs, span, base in zip(probabilities, spans, first_token.tolist())
         ]
 
 

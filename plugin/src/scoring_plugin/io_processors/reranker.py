@@ -108,12 +108,7 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
             return [self._engine_request(p) for p in plan.prompts]
         packed = pack([p.token_ids for p in plan.prompts], plan.shared_prefix, self._request_tokens)
         self._states.put(request_id, _RequestState(request, plan, packed))
-        return [
-            EngineRequest(
-                TokensPrompt(prompt_token_ids=r.token_ids), self._pooling_params({LAYOUT_KEY: r.layout})
-            )
-            for r in packed
-        ]
+        return [EngineRequest.of_tokens(r.token_ids, self._pooling_params({LAYOUT_KEY: r.layout})) for r in packed]
 
     def _engine_request(self, prompt: EnginePrompt) -> EngineRequest:
         extra = (
@@ -121,9 +116,7 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
             if prompt.second_segment_start is not None
             else None
         )
-        return EngineRequest(
-            TokensPrompt(prompt_token_ids=list(prompt.token_ids)), self._pooling_params(extra)
-        )
+        return EngineRequest.of_tokens(list(prompt.token_ids), self._pooling_params(extra))
 
     def _pooling_params(self, extra: dict[str, Any] | None = None) -> PoolingParams:
         # Cross-encoders return raw logits: the activation is applied in post_process, so the
@@ -151,7 +144,7 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
         except ValueError:
             self.discard(request_id)
             raise
-        return [r.prompt for r in requests]
+        return [r.token_prompt() for r in requests]
 
     def _check_model_derives_token_types(self, requests: list[EngineRequest]) -> None:
         if not self._model_derives_token_types:

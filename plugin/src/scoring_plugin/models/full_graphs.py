@@ -23,6 +23,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from vllm.config import VllmConfig
 
@@ -34,7 +35,7 @@ from scoring_plugin.models.layer_graphs import (
     run_eager,
     token_buckets,
 )
-from scoring_plugin.models.packed_attention import DevicePlan, flash_available
+from scoring_plugin.models.packed_attention import DevicePlan, byte_spans, flash_available, views
 from scoring_plugin.packing import AttentionPlan
 
 logger = logging.getLogger(__name__)
@@ -68,19 +69,21 @@ def probe_layouts(tokens: int) -> list[list[int]]:
 
 
 class StaticInputs:
-    """What every bucket's graph reads, at fixed addresses: the step's embeddings and positions,
-    its plan padded to the bucket, and the attention output rows (zeroed: rows no plan writes
-    stay finite, so they cannot turn into NaNs in the row-wise ops that follow)."""
+    """What every bucket's graph reads, at fixed addresses: the step's embeddings, its plan
+    padded to the bucket (positions, key indices and group boundaries: four regions of one
+    device block, so a step's plan arrives in one copy), and the attention output rows (zeroed:
+    rows no plan writes stay finite, so they cannot turn into NaNs in the row-wise ops that
+    follow). A bucket's view of a region is its first ``size`` (or capacity) entries."""
 
     def __init__(
         self, max_tokens: int, hidden_size: int, attn_width: int, dtype: torch.dtype, device: torch.device
     ) -> None:
         self.embeds = torch.zeros(max_tokens, hidden_size, dtype=dtype, device=device)
-        self.positions = torch.zeros(max_tokens, dtype=torch.long, device=device)
         self.attn = torch.zeros(max_tokens, attn_width, dtype=dtype, device=device)
-        self.kv_index = torch.zeros(key_capacity(max_tokens), dtype=torch.long, device=device)
-        self.cu_q = torch.zeros(group_capacity(max_tokens) + 1, dtype=torch.int32, device=device)
-        self.cu_k = torch.zeros_like(self.cu_q)
+        groups = group_capacity(max_tokens) + 1
+        self._image = _PlanImage(max_tokens, key_capacity(max_tokens), groups, device.type == "cuda")
+        self._block = torch.zeros(self._image.nbytes, dtype=torch.uint8, device=device)
+        self.positions, self.kv_index, self.cu_q, self.cu_k = self._image.views(self._block)
 
     def plan(self, size: int) -> DevicePlan:
         """A bucket's view of the buffers, with ``max_seqlen`` the bucket's size; it holds one
@@ -95,20 +98,44 @@ class StaticInputs:
             self.cu_q[: groups + 1], self.cu_k[: groups + 1], self.positions[:0], size, size,
         )
 
-    def load(self, bucket: DevicePlan, hidden: torch.Tensor, positions: torch.Tensor, plan: DevicePlan) -> bool:
-        """Copies a step into a bucket's view, device to device (no host synchronisation):
-        groups past the step's are empty, keys past its own read row 0. False, and nothing
-        copied, where the step has more groups or keys than the bucket holds."""
-        tokens = hidden.shape[0]
+    def load(self, bucket: DevicePlan, hidden: torch.Tensor, plan: AttentionPlan) -> bool:
+        """Copies a step into the buffers: its embeddings device to device, its plan from the
+        host as one padded image of the block (groups past the step's are empty, keys past its
+        own read row 0). False, and nothing copied, where the step has more groups or keys than
+        the bucket holds."""
         groups, keys = plan.cu_q.shape[0] - 1, plan.kv_index.shape[0]
         if groups >= bucket.cu_q.shape[0] or keys > bucket.kv_index.shape[0]:
             return False
-        self.embeds[:tokens].copy_(hidden)
-        self.positions[:tokens].copy_(positions)
-        _fill(bucket.cu_q, plan.cu_q, tokens)
-        _fill(bucket.cu_k, plan.cu_k, keys)
-        _fill(bucket.kv_index, plan.kv_index, 0)
+        self.embeds[: hidden.shape[0]].copy_(hidden)
+        self._block.copy_(self._image.padded(plan), non_blocking=True)
         return True
+
+
+class _PlanImage:
+    """The byte layout of :class:`StaticInputs`' plan block: int64 positions and key indices,
+    int32 group boundaries (flash-attention's index type), each region at its capacity."""
+
+    _DTYPES = ((np.int64, torch.int64), (np.int64, torch.int64), (np.int32, torch.int32), (np.int32, torch.int32))
+
+    def __init__(self, tokens: int, keys: int, groups: int, pinned: bool) -> None:
+        capacities = (tokens, keys, groups, groups)
+        self._spans = byte_spans([n * np.dtype(dtype).itemsize for n, (dtype, _) in zip(capacities, self._DTYPES)])
+        self.nbytes = self._spans[-1][0] + self._spans[-1][1]
+        self._pinned = pinned
+
+    def views(self, block: torch.Tensor) -> list[torch.Tensor]:
+        return views(block, self._spans, [dtype for _, dtype in self._DTYPES])
+
+    def padded(self, plan: AttentionPlan) -> torch.Tensor:
+        """``plan`` padded to the capacities, in (pinned, on CUDA) host memory."""
+        image = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=self._pinned)
+        host = image.numpy()
+        regions = [host[start : start + size].view(dtype) for (start, size), (dtype, _) in zip(self._spans, self._DTYPES)]
+        fills = (0, 0, int(plan.cu_q[-1]), int(plan.cu_k[-1]))
+        for region, values, fill in zip(regions, (plan.positions, plan.kv_index, plan.cu_q, plan.cu_k), fills):
+            region[: len(values)] = values
+            region[len(values) :] = fill
+        return image
 
 
 @dataclass
@@ -160,7 +187,7 @@ class FullGraphs:
             return None
         bucket = captured[self.buckets[bisect.bisect_left(self.buckets, tokens)]]
         assert self._inputs is not None
-        if not self._inputs.load(bucket.plan, hidden, positions, plan):
+        if not self._inputs.load(bucket.plan, hidden, plan.plan):
             return None
         bucket.graph.replay()
         out_hidden, out_residual = bucket.out
@@ -221,13 +248,6 @@ class FullGraphs:
                 scale = max(float(want.abs().max()), 1e-6)
                 worst = max(worst, float((got.float() - want.float()).abs().max()) / scale)
         return worst
-
-
-def _fill(static: torch.Tensor, real: torch.Tensor, fill: int) -> None:
-    count = real.shape[0]
-    static[:count].copy_(real)
-    if count < static.shape[0]:
-        static[count:].fill_(fill)
 
 
 def pooler_graphs(

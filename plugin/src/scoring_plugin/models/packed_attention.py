@@ -9,6 +9,7 @@ fp16/bf16 one flash-attention varlen call covers the step, a query group per pai
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,15 +43,51 @@ class DevicePlan:
 
     @classmethod
     def of(cls, plan: AttentionPlan, device: torch.device) -> DevicePlan:
-        """Built once per step."""
-
-        def on_device(array: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(array).to(device, non_blocking=True)
-
-        return cls(
-            plan, on_device(plan.positions), on_device(plan.kv_index), on_device(plan.cu_q),
-            on_device(plan.cu_k), on_device(plan.score_rows), plan.max_q, plan.max_k,
+        """Built once per step: the plan's arrays reach the GPU in one copy."""
+        positions, kv_index, score_rows, cu_q, cu_k = to_device(
+            [plan.positions, plan.kv_index, plan.score_rows, plan.cu_q, plan.cu_k], device
         )
+        return cls(plan, positions, kv_index, cu_q, cu_k, score_rows, plan.max_q, plan.max_k)
+
+
+def byte_spans(sizes: Sequence[int]) -> list[tuple[int, int]]:
+    """(offset, size) of byte ranges laid back to back, each at an offset any integer dtype can
+    be viewed from (sizes rounded up to 8)."""
+    spans, offset = [], 0
+    for size in sizes:
+        spans.append((offset, size))
+        offset += -(-size // 8) * 8
+    return spans
+
+
+def staged(arrays: Sequence[np.ndarray], pinned: bool = True) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """The arrays back to back in one (pinned) host buffer, and each one's (offset, byte size).
+
+    A small step's plan used to go to the GPU as five pageable copies, each a synchronous
+    staging round trip in the driver; on the H200 host that was ~0.2 ms of the engine core's
+    step at c=1 (``bench/absa_host_costs.py``), one copy from pinned memory is a single launch.
+    The caching host allocator keeps the buffer until the copy that reads it has run."""
+    spans = byte_spans([array.nbytes for array in arrays])
+    buffer = torch.empty(spans[-1][0] + spans[-1][1], dtype=torch.uint8, pin_memory=pinned)
+    host = buffer.numpy()
+    for array, (start, size) in zip(arrays, spans):
+        host[start : start + size] = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
+    return buffer, spans
+
+
+def views(block: torch.Tensor, spans: Sequence[tuple[int, int]], dtypes: Sequence[torch.dtype]) -> list[torch.Tensor]:
+    """Typed views of a byte block laid out by :func:`staged`."""
+    return [block[start : start + size].view(dtype) for (start, size), dtype in zip(spans, dtypes)]
+
+
+def to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """Tensors of the arrays on ``device``: views of the arrays themselves on the CPU, views
+    into one block copied from pinned memory on a GPU."""
+    tensors = [torch.from_numpy(np.ascontiguousarray(array)) for array in arrays]
+    if device.type == "cpu":
+        return tensors
+    buffer, spans = staged(arrays)
+    return views(buffer.to(device, non_blocking=True), spans, [t.dtype for t in tensors])
 
 
 def step_plan(
