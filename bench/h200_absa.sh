@@ -18,7 +18,8 @@
 #                                   # matmuls (float32_matmul_precision high), c=1 and 32 (~6 min)
 #   sh bench/h200_absa.sh ab        # this tree against a base build (.whl-base: wheels of the base
 #                                   # commit) in one run: host stage costs of both, then ours and
-#                                   # the base at c=1 and 32, twice, alternating (~9 min)
+#                                   # the base at c=1 and 32, twice (~11 min: past one call's
+#                                   # 10 minutes, so AB_ROUNDS=1 per call)
 #   sh bench/h200_absa.sh steps     # one packed step in the model by token count, fp32 (with
 #                                   # TF32 matmuls for comparison) and bf16, kernels of one call's
 #                                   # step from the torch profiler (bench/packed_step.py, ~4 min)
@@ -77,12 +78,13 @@ inline)
     ;;
 ab)
     python3 -m pip install -q --no-deps --upgrade --target /tmp/site-base ../.whl-base/*.whl
-    for site in /tmp/site-base ""; do
-        echo "host stages, ${site:-this tree}:"
-        PYTHONPATH="${site:+$site:}$PYTHONPATH" python3 absa_host_costs.py --repeat 200 \
-            --out "$OUT/host-costs-${site:+base}${site:-tree}.json" 2>&1 | grep "^|"
+    for build in base tree; do
+        site=$([ "$build" = base ] && echo /tmp/site-base: || true)
+        echo "host stages, $build:"
+        PYTHONPATH="$site$PYTHONPATH" python3 absa_host_costs.py --repeat 200 --out "$OUT/host-costs-$build.json" \
+            2>&1 | grep "^|"
     done
-    for round in 1 2; do
+    for round in $(seq "${AB_ROUNDS:-2}"); do
         python3 absa.py --systems grpc,grpc-base --base-site /tmp/site-base --concurrency 1,32 \
             --seconds-per-level 8 --work /tmp/bw --out "$OUT/ab-$round" 2>&1 | grep -A14 "^| system"
     done

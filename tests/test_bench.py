@@ -176,3 +176,14 @@ def test_absa_decode_bench_prints_its_table() -> None:
     done = _bench("absa_decode.py", "--seconds", "0.05", timeout=300)
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert [row.split(" | ")[0] for row in rows] == ["| 1", "| 8", "| 32", "| 128"]
+
+
+def test_absa_host_costs_bench_prints_its_table(tmp_path: Path) -> None:
+    out = tmp_path / "costs.json"
+    done = _bench("absa_host_costs.py", "--repeat", "3", "--out", str(out), timeout=300)
+    rows = [line.split(" | ")[0] for line in done.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[1:] == ["| tokenizer encode_batch", "| tokenizer encode, pair by pair", "| plan (tokenize, pack)",
+                        "| plan + post_process", "| AttentionPlan.build"]  # no GPU here: no DevicePlan.of row
+    stages = json.loads(out.read_text())["stages"]
+    assert set(stages) == {row[2:] for row in rows[1:]}
+    assert all(value > 0 for stage in stages.values() for value in stage.values())

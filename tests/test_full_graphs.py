@@ -106,7 +106,7 @@ def test_a_plan_staged_as_one_block_views_back_as_its_arrays() -> None:
     values, odd lengths included (int32 arrays of odd length end between 8-byte offsets)."""
     plan = AttentionPlan.build([[5, 7, 3, 9], [0, 11, 4]])  # 7 group boundaries: 28 bytes
     arrays = [plan.positions, plan.kv_index, plan.score_rows, plan.cu_q, plan.cu_k, np.zeros(0, np.int64)]
-    block, spans = staged(arrays, pinned=False)
+    block, spans = staged(arrays)
     assert all(start % 8 == 0 for start, _ in spans)
     back = views(block, spans, [torch.int64, torch.int64, torch.int64, torch.int32, torch.int32, torch.int64])
     for array, tensor in zip(arrays, back):

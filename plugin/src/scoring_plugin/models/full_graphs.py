@@ -81,7 +81,7 @@ class StaticInputs:
         self.embeds = torch.zeros(max_tokens, hidden_size, dtype=dtype, device=device)
         self.attn = torch.zeros(max_tokens, attn_width, dtype=dtype, device=device)
         groups = group_capacity(max_tokens) + 1
-        self._image = _PlanImage(max_tokens, key_capacity(max_tokens), groups, device.type == "cuda")
+        self._image = _PlanImage(max_tokens, key_capacity(max_tokens), groups)
         self._block = torch.zeros(self._image.nbytes, dtype=torch.uint8, device=device)
         self.positions, self.kv_index, self.cu_q, self.cu_k = self._image.views(self._block)
 
@@ -117,25 +117,23 @@ class _PlanImage:
 
     _DTYPES = ((np.int64, torch.int64), (np.int64, torch.int64), (np.int32, torch.int32), (np.int32, torch.int32))
 
-    def __init__(self, tokens: int, keys: int, groups: int, pinned: bool) -> None:
+    def __init__(self, tokens: int, keys: int, groups: int) -> None:
         capacities = (tokens, keys, groups, groups)
         self._spans = byte_spans([n * np.dtype(dtype).itemsize for n, (dtype, _) in zip(capacities, self._DTYPES)])
         self.nbytes = self._spans[-1][0] + self._spans[-1][1]
-        self._pinned = pinned
 
     def views(self, block: torch.Tensor) -> list[torch.Tensor]:
         return views(block, self._spans, [dtype for _, dtype in self._DTYPES])
 
     def padded(self, plan: AttentionPlan) -> torch.Tensor:
-        """``plan`` padded to the capacities, in (pinned, on CUDA) host memory."""
-        image = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=self._pinned)
-        host = image.numpy()
+        """``plan`` padded to the capacities, in host memory."""
+        host = np.empty(self.nbytes, dtype=np.uint8)
         regions = [host[start : start + size].view(dtype) for (start, size), (dtype, _) in zip(self._spans, self._DTYPES)]
         fills = (0, 0, int(plan.cu_q[-1]), int(plan.cu_k[-1]))
         for region, values, fill in zip(regions, (plan.positions, plan.kv_index, plan.cu_q, plan.cu_k), fills):
             region[: len(values)] = values
             region[len(values) :] = fill
-        return image
+        return torch.from_numpy(host)
 
 
 @dataclass

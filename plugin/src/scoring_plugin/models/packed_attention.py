@@ -60,19 +60,19 @@ def byte_spans(sizes: Sequence[int]) -> list[tuple[int, int]]:
     return spans
 
 
-def staged(arrays: Sequence[np.ndarray], pinned: bool = True) -> tuple[torch.Tensor, list[tuple[int, int]]]:
-    """The arrays back to back in one (pinned) host buffer, and each one's (offset, byte size).
+def staged(arrays: Sequence[np.ndarray]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """The arrays back to back in one host byte buffer, and each one's (offset, byte size).
 
-    A small step's plan used to go to the GPU as five pageable copies, each a synchronous
-    staging round trip in the driver; on the H200 host that was ~0.2 ms of the engine core's
-    step at c=1 (``bench/absa_host_costs.py``), one copy from pinned memory is a single launch.
-    The caching host allocator keeps the buffer until the copy that reads it has run."""
+    A step's plan goes to the GPU as one copy instead of one per array (each a driver call on
+    the engine core's step, ``bench/absa_host_costs.py``). Pageable, not pinned: a pinned
+    buffer per step measured slower on the H200 host (the caching host allocator's
+    bookkeeping), and from pageable memory an asynchronous copy returns once the driver has
+    staged the bytes, without a device synchronisation, so the buffer's lifetime needs no care."""
     spans = byte_spans([array.nbytes for array in arrays])
-    buffer = torch.empty(spans[-1][0] + spans[-1][1], dtype=torch.uint8, pin_memory=pinned)
-    host = buffer.numpy()
+    host = np.empty(spans[-1][0] + spans[-1][1], dtype=np.uint8)
     for array, (start, size) in zip(arrays, spans):
         host[start : start + size] = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
-    return buffer, spans
+    return torch.from_numpy(host), spans
 
 
 def views(block: torch.Tensor, spans: Sequence[tuple[int, int]], dtypes: Sequence[torch.dtype]) -> list[torch.Tensor]:
@@ -82,7 +82,7 @@ def views(block: torch.Tensor, spans: Sequence[tuple[int, int]], dtypes: Sequenc
 
 def to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
     """Tensors of the arrays on ``device``: views of the arrays themselves on the CPU, views
-    into one block copied from pinned memory on a GPU."""
+    into one block copied in one piece on a GPU."""
     tensors = [torch.from_numpy(np.ascontiguousarray(array)) for array in arrays]
     if device.type == "cpu":
         return tensors
