@@ -114,6 +114,46 @@ def test_attention_plan_of_two_requests() -> None:
     assert plan.segments == [2, 1]
 
 
+def _plan_by_groups(layouts: list[list[int]]) -> dict[str, list[int]]:
+    """The plan written out group by group: a head reads itself; a segment reads its request's
+    head, then itself, at the positions it would have alone."""
+    plan: dict[str, list[int]] = {"positions": [], "kv_index": [], "cu_q": [0], "cu_k": [0], "score_rows": []}
+    start = 0
+    for head, *segments in layouts:
+        head_rows = list(range(start, start + head))
+        if head:
+            plan["positions"] += range(head)
+            plan["kv_index"] += head_rows
+            plan["cu_q"].append(plan["cu_q"][-1] + head)
+            plan["cu_k"].append(plan["cu_k"][-1] + head)
+        row = start + head
+        for n in segments:
+            plan["positions"] += range(head, head + n)
+            plan["kv_index"] += head_rows + list(range(row, row + n))
+            plan["cu_q"].append(plan["cu_q"][-1] + n)
+            plan["cu_k"].append(plan["cu_k"][-1] + head + n)
+            plan["score_rows"].append(row + n - 1)
+            row += n
+        start = row
+    return plan
+
+
+def test_attention_plans_of_random_steps_match_the_plan_written_out_by_groups() -> None:
+    """Steps of 1-6 requests, heads or none, 1-7 segments each: the array construction (and
+    the headless short path, where it applies) gives the plan a loop over groups gives."""
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        layouts = [
+            [int(rng.choice([0, rng.integers(1, 20)]))] + rng.integers(1, 30, rng.integers(1, 8)).tolist()
+            for _ in range(rng.integers(1, 7))
+        ]
+        want = _plan_by_groups(layouts)
+        for plan in (AttentionPlan.build(layouts), AttentionPlan.general(layouts)):
+            assert {name: getattr(plan, name).tolist() for name in want} == want, layouts
+            assert plan.max_q == max(np.diff(want["cu_q"])) and plan.max_k == max(np.diff(want["cu_k"]))
+            assert plan.segments == [len(layout) - 1 for layout in layouts]
+
+
 @pytest.mark.parametrize("layouts", [
     [[0, 5]],
     [[0, 68, 67, 70, 1]],
