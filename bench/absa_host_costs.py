@@ -59,7 +59,9 @@ def stages(pairs: int) -> dict[str, Callable[[], object]]:
     from scoring_server.demo.absa import LABELS, build_bpe_tokenizer
 
     tokenizer = build_bpe_tokenizer(Path(tempfile.mkdtemp()), extra_corpus=[" ".join(WORDS)] * 8)
-    hf_config = ModernBertConfig(num_labels=len(LABELS), id2label=LABELS, architectures=[PACKED_MODERNBERT_ABSA_ARCHITECTURE])
+    hf_config = ModernBertConfig(
+        num_labels=len(LABELS), id2label=LABELS, architectures=[PACKED_MODERNBERT_ABSA_ARCHITECTURE]
+    )
     config = SimpleNamespace(model_config=SimpleNamespace(hf_config=hf_config, max_model_len=16384))
     processor = AbsaIOProcessor(config, SimpleNamespace(get_tokenizer=lambda: tokenizer))  # type: ignore[arg-type]
     request = make_requests(1, pairs)[0]

@@ -198,10 +198,9 @@ class AbsaIOProcessor(ScoringIOProcessor[AbsaInput, AbsaOutput, _RequestState]):
         labels = self.settings.labels
         shifted = np.exp(sentiment - sentiment.max(axis=1, keepdims=True))
         probabilities = (shifted / shifted.sum(axis=1, keepdims=True)).tolist()
-        spans = best_spans(
-            start, end, [(base + p.review_tokens[0], base + p.review_tokens[1]) for base, p in zip(first_token.tolist(), prompts)],
-            self.settings.max_span_tokens,
-        )
+        bases = first_token.tolist()
+        reviews = [(base + p.review_tokens[0], base + p.review_tokens[1]) for base, p in zip(bases, prompts)]
+        spans = best_spans(start, end, reviews, self.settings.max_span_tokens)
         return [
             (
                 labels[self.settings.choose_label(probs)],
@@ -210,7 +209,7 @@ class AbsaIOProcessor(ScoringIOProcessor[AbsaInput, AbsaOutput, _RequestState]):
                 if span is not None and span.score >= self.settings.min_span_score
                 else None,
             )
-            for probs, span, base in zip(probabilities, spans, first_token.tolist())
+            for probs, span, base in zip(probabilities, spans, bases)
         ]
 
 

@@ -128,9 +128,10 @@ class _PlanImage:
     def padded(self, plan: AttentionPlan) -> torch.Tensor:
         """``plan`` padded to the capacities, in host memory."""
         host = np.empty(self.nbytes, dtype=np.uint8)
-        regions = [host[start : start + size].view(dtype) for (start, size), (dtype, _) in zip(self._spans, self._DTYPES)]
+        regions = [host[start : start + n].view(dtype) for (start, n), (dtype, _) in zip(self._spans, self._DTYPES)]
         fills = (0, 0, int(plan.cu_q[-1]), int(plan.cu_k[-1]))
-        for region, values, fill in zip(regions, (plan.positions, plan.kv_index, plan.cu_q, plan.cu_k), fills):
+        arrays = (plan.positions, plan.kv_index, plan.cu_q, plan.cu_k)
+        for region, values, fill in zip(regions, arrays, fills):
             region[: len(values)] = values
             region[len(values) :] = fill
         return torch.from_numpy(host)
@@ -175,11 +176,12 @@ class FullGraphs:
             except RuntimeError:  # a kernel that refuses capture: serve piecewise, say so
                 logger.exception("whole-step pooler graphs could not be captured: off, small steps replay piecewise")
                 self._captured = {}
-        return self._replay(self._captured, hidden, positions, plan)
+        return self._replay(self._captured, hidden, plan)
 
     def _replay(
-        self, captured: dict[int, _Bucket], hidden: torch.Tensor, positions: torch.Tensor, plan: DevicePlan
+        self, captured: dict[int, _Bucket], hidden: torch.Tensor, plan: DevicePlan
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The positions come with the plan's padded image (`StaticInputs.load`)."""
         tokens = hidden.shape[0]
         if tokens > self.max_tokens or not captured:
             return None
@@ -240,7 +242,7 @@ class FullGraphs:
             hidden = torch.randn(tokens, self.hidden_size, dtype=like.dtype, device=like.device, generator=generator)
             # A clone: the first layer adds into its input in place (the residual stream).
             expected = run_eager(self.layers, hidden.clone(), plan.positions, plan, self.attn_width)
-            replayed = self._replay(captured, hidden, plan.positions, plan)
+            replayed = self._replay(captured, hidden, plan)
             assert replayed is not None
             for want, got in zip(expected, replayed):
                 scale = max(float(want.abs().max()), 1e-6)
