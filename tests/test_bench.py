@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO, tool_env
+from conftest import DEMO_DIR, REPO, tool_env
 
 
 def _bench(script: str, *args: str, timeout: int = 1200) -> subprocess.CompletedProcess[str]:
@@ -187,3 +187,13 @@ def test_absa_host_costs_bench_prints_its_table(tmp_path: Path) -> None:
     stages = json.loads(out.read_text())["stages"]
     assert set(stages) == {row[2:] for row in rows[1:]}
     assert all(value > 0 for stage in stages.values() for value in stage.values())
+
+
+def test_gc_pause_bench_prints_its_table(tmp_path: Path) -> None:
+    out = tmp_path / "gc.json"
+    done = _bench("gc_pause.py", "--demo-dir", str(DEMO_DIR), "--collections", "2", "--out", str(out),
+                  timeout=600)
+    assert "| left to the collector |" in done.stdout and "| frozen |" in done.stdout
+    rows = json.loads(out.read_text())
+    assert rows["frozen"]["frozen_objects"] > rows["frozen"]["walked_objects"]
+    assert rows["left to the collector"]["walked_objects"] > rows["frozen"]["walked_objects"]

@@ -117,3 +117,27 @@ def test_not_serving_until_ready_and_sigterm_drains_in_flight_calls(tmp_path: Pa
         assert server.process.wait(60) == 0, server.log_tail()
     finally:
         stop_server(server)
+
+
+def test_the_startup_heap_is_frozen_once_the_models_are_up() -> None:
+    """Full collections must not walk the startup heap while the server serves (each would stop
+    the event loop for it): start() freezes it once every model is up."""
+    import asyncio
+    import gc
+
+    from scoring_server.app import ScoringServer
+    from scoring_server.config import ServerSettings
+
+    async def start_and_count() -> int:
+        server = ScoringServer(ServerSettings(port=0))
+        try:
+            await server.start()
+            return gc.get_freeze_count()
+        finally:
+            await server.drain()
+
+    gc.unfreeze()
+    try:
+        assert asyncio.run(start_and_count()) > 10_000
+    finally:
+        gc.unfreeze()

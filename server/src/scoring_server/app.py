@@ -14,6 +14,7 @@ import sys
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from vllm.utils.gc_utils import freeze_gc_heap
 
 from scoring.v1 import (
     absa_pb2,
@@ -133,6 +134,10 @@ class ScoringServer:
             )
             logger.info("metrics on http://%s:%d/metrics", self.settings.host, bound)
         await self.registry.start_all(self._on_model_ready)
+        # The startup heap (vLLM, torch, transformers, grpc: ~700k objects) never becomes
+        # garbage; left to the collector, every full collection walks it and stops the event
+        # loop for it (bench/gc_pause.py). Frozen, as vLLM's own API server and engine core do.
+        freeze_gc_heap()
         await self.health.set("", SERVING)
 
     def _on_model_ready(self, model: ServedModel) -> None:
