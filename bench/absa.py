@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import re
 import statistics
@@ -48,6 +47,7 @@ from harness import (
     offline_rate,
     pooling_sender,
     ratio,
+    site_environment,
     stage_table,
     start,
     stop,
@@ -166,7 +166,7 @@ async def bench_grpc(
     and ``matmul_precision`` (``float32_matmul_precision``) its settings of those names (None:
     their defaults). The client sends its calls over ``channels`` connections in turn (None:
     harness.channel_count). ``site``: a directory of other builds of our packages, imported by
-    the server before the installed ones (another commit, compared in the same run)."""
+    the server before the installed ones (harness.site_environment)."""
     import itertools
 
     from scoring.v1 import absa_pb2, absa_pb2_grpc
@@ -188,9 +188,8 @@ async def bench_grpc(
     write_server_config(config, port, [settings], metrics_port=metrics_port, frontends=frontends,
                         inline_plan_items=inline_plan_items)
     log(f"{system}: starting our server")
-    environment = None if site is None else {"PYTHONPATH": os.pathsep.join(filter(None, [site, os.environ.get("PYTHONPATH")]))}
     server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], work / "absa-grpc-server.log",
-                   environment)
+                   site_environment(site))
     count = channels or channel_count(frontends)
     try:
         async with grpc_channels(f"127.0.0.1:{port}", count) as channels:

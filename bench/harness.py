@@ -88,6 +88,15 @@ def start(command: list[str], log_path: Path, environment: dict[str, str] | None
     return subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
 
+def site_environment(site: str | None) -> dict[str, str] | None:
+    """For :func:`start`: a server that imports from ``site`` (a directory another build of our
+    packages was installed to with ``pip install --target``) before anything installed, to
+    measure a change against its base in one run. None: the installed packages."""
+    if site is None:
+        return None
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [site, os.environ.get("PYTHONPATH")]))}
+
+
 def stop(process: subprocess.Popen[bytes]) -> None:
     if _PROFILE_DIR and process.poll() is None:
         # The server is py-spy's child: once it has shut down, py-spy writes the profile and exits.

@@ -10,6 +10,8 @@ next request when the last one returns, for a fixed time per concurrency level.
 
     python bench/rerank.py --out bench/results            # GPU (the H200 via the device tool)
     python bench/rerank.py --cpu-smoke --out /tmp/bench   # CPU: a tiny model, harness check only
+    python bench/rerank.py --systems grpc,grpc-base --base-site DIR   # ours against another build
+                                                          # (pip install --target DIR of its wheels)
 
 Prints one table (pairs/s, p50/p95/p99 latency, ratios to each baseline) and writes JSON and
 Markdown with the conditions to --out. CPU numbers only check that the harness runs.
@@ -44,6 +46,7 @@ from harness import (
     offline_rate,
     pooling_sender,
     ratio,
+    site_environment,
     start,
     stop,
     vllm_serve_command,
@@ -88,6 +91,8 @@ class Scenario:
     # Our server's `inline_plan_items` (None: its default; 0: every call plans in a worker
     # thread, the `grpc-threads` system).
     inline_plan_items: int | None = None
+    # Our server imports from this directory first (harness.site_environment): `grpc-base`.
+    server_site: str | None = None
 
 
 GPU = Scenario("qwen3-0.6b-shaped", "bfloat16", 1024, 28, 16, 8, 128, 3072, 20, [1, 16, 64], 15.0, False, 0.5, 128)
@@ -189,7 +194,8 @@ async def grpc_reranker(model: Path, scenario: Scenario, work: Path) -> AsyncIte
     write_server_config(config, port, [settings], metrics_port=metrics_port,
                         inline_plan_items=scenario.inline_plan_items)
     log("grpc: starting our server")
-    server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], work / "grpc-server.log")
+    server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], work / "grpc-server.log",
+                   site_environment(scenario.server_site))
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             await wait_ready(grpc_serving(channel), server, work / "grpc-server.log", "our server")
@@ -352,6 +358,10 @@ async def main_async(args: argparse.Namespace) -> Report:
         threads = replace(scenario, inline_plan_items=0)
         report.levels += await bench_grpc(model, threads, requests, work, docs_sweep,
                                           "grpc (ours, planning always in threads)")
+    if "grpc-base" in systems:
+        base = replace(scenario, server_site=args.base_site)
+        report.levels += await bench_grpc(model, base, requests, work, docs_sweep,
+                                          f"grpc (ours, base: {Path(args.base_site).name})")
     if "vllm" in systems:
         report.levels += await bench_vllm_serve(model, scenario, requests, work, docs_sweep, plugin=False)
     if "plugin" in systems:
@@ -362,7 +372,10 @@ async def main_async(args: argparse.Namespace) -> Report:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu-smoke", action="store_true")
-    parser.add_argument("--systems", default="hf,grpc,vllm,plugin", help="of hf,grpc,grpc-eager,grpc-piecewise,grpc-threads,vllm,plugin")
+    parser.add_argument("--systems", default="hf,grpc,vllm,plugin",
+                        help="of hf,grpc,grpc-base,grpc-eager,grpc-piecewise,grpc-threads,vllm,plugin")
+    parser.add_argument("--base-site", help="grpc-base: our server with the packages installed in this directory "
+                                            "(pip install --target) first on its path: a baseline build, same run")
     parser.add_argument("--work", default="/tmp/scoring-bench")
     parser.add_argument("--seconds-per-level", type=float, help="override the scenario's")
     parser.add_argument("--concurrency", type=int_list, default=[], help="e.g. 1,32: override the scenario's levels")
@@ -376,6 +389,8 @@ def main() -> None:
     parser.add_argument("--grpc-engine-args", type=json.loads, default={},
                         help='JSON object of more engine args for our server, e.g. {"async_scheduling": true}')
     args = parser.parse_args()
+    if "grpc-base" in args.systems.split(",") and not args.base_site:
+        parser.error("grpc-base needs --base-site")
     report = asyncio.run(main_async(args))
     stem = f"rerank-{report.scenario['name']}-{report.scenario['dtype']}"
     write_results(Path(args.out), stem, report, table(report))

@@ -39,16 +39,23 @@ def _sent_tokens_per_pair(model: Path, docs_per_request: int, requests: int) -> 
 
 def test_rerank_bench_cpu_smoke(tmp_path: Path) -> None:
     out = tmp_path / "results"
-    done = _bench("rerank.py", "--cpu-smoke", "--systems", "hf,grpc,grpc-threads,vllm,plugin",
+    # A "base build" that only announces itself: Python imports `sitecustomize` from the path at
+    # start, so the marker proves grpc-base's server had this directory first on its path.
+    site, marker = tmp_path / "site-base", tmp_path / "base-imported"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'a').write('imported\\n')\n")
+    done = _bench("rerank.py", "--cpu-smoke", "--systems", "hf,grpc,grpc-base,grpc-threads,vllm,plugin",
+                  "--base-site", str(site),
                   "--out", str(out), "--work", str(tmp_path / "work"), "--docs", "3", "--docs-sweep", "1")
+    assert marker.read_text().startswith("imported")
     # --docs 3 replaced the smoke scenario's 4 documents per request
     assert "| grpc (ours) | 3 | 1 |" in done.stdout and "| vllm serve /rerank | 3 | 2 |" in done.stdout
     assert "| grpc (ours) | 1 | 1 |" in done.stdout  # the sweep
     (report_file,) = out.glob("*.json")
     report = json.loads(report_file.read_text())
     systems = {level["system"] for level in report["levels"]}
-    assert systems == {"grpc (ours)", "grpc (ours, planning always in threads)", "vllm serve /rerank",
-                       "vllm serve /pooling + plugin"}
+    assert systems == {"grpc (ours)", "grpc (ours, base: site-base)", "grpc (ours, planning always in threads)",
+                       "vllm serve /rerank", "vllm serve /pooling + plugin"}
     assert report["hf_items_per_s"] > 0
     model = tmp_path / "work" / f"model-{report['scenario']['name']}"
     for level in report["levels"]:
