@@ -144,7 +144,8 @@ def main() -> None:
     with torch.inference_mode():
         for tokens in sizes:
             layouts = workload.layouts_for(tokens)
-            plan = DevicePlan.of(AttentionPlan.build(layouts), device)
+            host_plan = AttentionPlan.build(layouts)
+            plan = DevicePlan.of(host_plan, device)
             count = int(plan.positions.shape[0])
             ids = torch.randint(0, 1000, (count,), device=device)
             hidden = model.embed_input_ids(ids)
@@ -155,9 +156,9 @@ def main() -> None:
 
             row["eager_ms"] = round(timed(eager, args.repeats), 3)
             if piecewise is not None:
-                row["graphs_ms"] = round(timed(lambda: piecewise.run(hidden, plan.positions, plan), args.repeats), 3)
+                row["graphs_ms"] = round(timed(lambda: piecewise.run(hidden, host_plan), args.repeats), 3)
             if full is not None and count <= full.max_tokens:
-                replayed = round(timed(lambda: full.run(hidden, plan.positions, plan), args.repeats), 3)
+                replayed = round(timed(lambda: full.run(hidden, host_plan), args.repeats), 3)
                 # A failed capture probe turns them off: run() then returns at once, not a timing.
                 row["full_graph_ms"] = replayed if full.serving else None
                 row["full_graph_serving"] = full.serving

@@ -50,9 +50,13 @@ def test_a_loaded_step_attends_like_the_step_itself(layouts: list[list[int]], ca
     inputs.kv_index.fill_(63)
     own = DevicePlan.of(step, CPU)
     hidden = torch.randn(tokens, HIDDEN)
-    assert inputs.load(bucket, hidden, step)
+    loaded = inputs.load(bucket, hidden, step)
+    assert loaded is not None
     assert torch.equal(inputs.embeds[:tokens], hidden)
-    assert torch.equal(inputs.positions[:tokens], own.positions)
+    # What the pooler reads after the layers (its gathers): the step's own plan, exactly.
+    for name in ("positions", "kv_index", "cu_q", "cu_k", "score_rows"):
+        assert torch.equal(getattr(loaded, name), getattr(own, name)), name
+    assert (loaded.max_q, loaded.max_k) == (own.max_q, own.max_k)
 
     generator = torch.Generator().manual_seed(0)
     q = torch.randn(size, HEADS * DIM, generator=generator)
@@ -78,7 +82,7 @@ def test_a_step_with_more_groups_or_keys_than_its_bucket_is_not_loaded() -> None
     assert many_keys.kv_index.shape[0] > key_capacity(size)
     for plan in (many_groups, many_keys):
         hidden = torch.zeros(plan.positions.shape[0], HIDDEN)
-        assert not inputs.load(bucket, hidden, plan)
+        assert inputs.load(bucket, hidden, plan) is None
     assert torch.equal(inputs.cu_q, before[0]) and torch.equal(inputs.kv_index, before[1])
 
 

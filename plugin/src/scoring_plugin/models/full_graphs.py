@@ -30,6 +30,7 @@ from vllm.config import VllmConfig
 from scoring_plugin.models.layer_graphs import (
     GraphRunner,
     LayerGraphs,
+    LayersOut,
     SplitLayer,
     graph_tokens,
     run_eager,
@@ -70,10 +71,10 @@ def probe_layouts(tokens: int) -> list[list[int]]:
 
 class StaticInputs:
     """What every bucket's graph reads, at fixed addresses: the step's embeddings, its plan
-    padded to the bucket (positions, key indices and group boundaries: four regions of one
-    device block, so a step's plan arrives in one copy), and the attention output rows (zeroed:
-    rows no plan writes stay finite, so they cannot turn into NaNs in the row-wise ops that
-    follow). A bucket's view of a region is its first ``size`` (or capacity) entries."""
+    padded to the bucket (positions, key indices, group boundaries and score rows: regions of
+    one device block, so a step's plan arrives in one copy), and the attention output rows
+    (zeroed: rows no plan writes stay finite, so they cannot turn into NaNs in the row-wise ops
+    that follow). A bucket's view of a region is its first ``size`` (or capacity) entries."""
 
     def __init__(
         self, max_tokens: int, hidden_size: int, attn_width: int, dtype: torch.dtype, device: torch.device
@@ -83,7 +84,7 @@ class StaticInputs:
         groups = group_capacity(max_tokens) + 1
         self._image = _PlanImage(max_tokens, key_capacity(max_tokens), groups)
         self._block = torch.zeros(self._image.nbytes, dtype=torch.uint8, device=device)
-        self.positions, self.kv_index, self.cu_q, self.cu_k = self._image.views(self._block)
+        self.positions, self.kv_index, self.cu_q, self.cu_k, self.score_rows = self._image.views(self._block)
 
     def plan(self, size: int) -> DevicePlan:
         """A bucket's view of the buffers, with ``max_seqlen`` the bucket's size; it holds one
@@ -95,30 +96,39 @@ class StaticInputs:
         self.kv_index[:size].copy_(torch.arange(size))
         return DevicePlan(
             AttentionPlan.build([[0, size]]), self.positions[:size], self.kv_index[:keys],
-            self.cu_q[: groups + 1], self.cu_k[: groups + 1], self.positions[:0], size, size,
+            self.cu_q[: groups + 1], self.cu_k[: groups + 1], self.score_rows[:0], size, size,
         )
 
-    def load(self, bucket: DevicePlan, hidden: torch.Tensor, plan: AttentionPlan) -> bool:
+    def load(self, bucket: DevicePlan, hidden: torch.Tensor, plan: AttentionPlan) -> DevicePlan | None:
         """Copies a step into the buffers: its embeddings device to device, its plan from the
         host as one padded image of the block (groups past the step's are empty, keys past its
-        own read row 0). False, and nothing copied, where the step has more groups or keys than
-        the bucket holds."""
+        own read row 0). Returns the step's own plan as views of the buffers (what the pooler
+        reads after the layers: the step's plan reaches the device once). None, and nothing
+        copied, where the step has more groups or keys than the bucket holds."""
         groups, keys = plan.cu_q.shape[0] - 1, plan.kv_index.shape[0]
         if groups >= bucket.cu_q.shape[0] or keys > bucket.kv_index.shape[0]:
-            return False
-        self.embeds[: hidden.shape[0]].copy_(hidden)
+            return None
+        tokens = hidden.shape[0]
+        self.embeds[:tokens].copy_(hidden)
         self._block.copy_(self._image.padded(plan), non_blocking=True)
-        return True
+        return DevicePlan(
+            plan, self.positions[:tokens], self.kv_index[:keys], self.cu_q[: groups + 1], self.cu_k[: groups + 1],
+            self.score_rows[: plan.score_rows.shape[0]], plan.max_q, plan.max_k,
+        )
 
 
 class _PlanImage:
     """The byte layout of :class:`StaticInputs`' plan block: int64 positions and key indices,
-    int32 group boundaries (flash-attention's index type), each region at its capacity."""
+    int32 group boundaries (flash-attention's index type), int64 score rows (a segment per group
+    at most), each region at its capacity."""
 
-    _DTYPES = ((np.int64, torch.int64), (np.int64, torch.int64), (np.int32, torch.int32), (np.int32, torch.int32))
+    _DTYPES = (
+        (np.int64, torch.int64), (np.int64, torch.int64), (np.int32, torch.int32), (np.int32, torch.int32),
+        (np.int64, torch.int64),
+    )
 
     def __init__(self, tokens: int, keys: int, groups: int) -> None:
-        capacities = (tokens, keys, groups, groups)
+        capacities = (tokens, keys, groups, groups, groups)
         self._spans = byte_spans([n * np.dtype(dtype).itemsize for n, (dtype, _) in zip(capacities, self._DTYPES)])
         self.nbytes = self._spans[-1][0] + self._spans[-1][1]
 
@@ -129,8 +139,8 @@ class _PlanImage:
         """``plan`` padded to the capacities, in host memory."""
         host = np.empty(self.nbytes, dtype=np.uint8)
         regions = [host[start : start + n].view(dtype) for (start, n), (dtype, _) in zip(self._spans, self._DTYPES)]
-        fills = (0, 0, int(plan.cu_q[-1]), int(plan.cu_k[-1]))
-        arrays = (plan.positions, plan.kv_index, plan.cu_q, plan.cu_k)
+        fills = (0, 0, int(plan.cu_q[-1]), int(plan.cu_k[-1]), 0)
+        arrays = (plan.positions, plan.kv_index, plan.cu_q, plan.cu_k, plan.score_rows)
         for region, values, fill in zip(regions, arrays, fills):
             region[: len(values)] = values
             region[len(values) :] = fill
@@ -150,7 +160,7 @@ class FullGraphs:
     memory is counted), largest first in one pool."""
 
     def __init__(
-        self, layers: Sequence[SplitLayer[DevicePlan]], hidden_size: int, attn_width: int, max_tokens: int
+        self, layers: Sequence[SplitLayer], hidden_size: int, attn_width: int, max_tokens: int
     ) -> None:
         self.layers = layers
         self.hidden_size, self.attn_width = hidden_size, attn_width
@@ -167,9 +177,7 @@ class FullGraphs:
         """Captured, and every bucket passed its probe."""
         return bool(self._captured)
 
-    def run(
-        self, hidden: torch.Tensor, positions: torch.Tensor, plan: DevicePlan
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def run(self, hidden: torch.Tensor, plan: AttentionPlan) -> LayersOut | None:
         if self._captured is None:
             try:
                 self._captured = self._capture_all(hidden)
@@ -178,20 +186,18 @@ class FullGraphs:
                 self._captured = {}
         return self._replay(self._captured, hidden, plan)
 
-    def _replay(
-        self, captured: dict[int, _Bucket], hidden: torch.Tensor, plan: DevicePlan
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The positions come with the plan's padded image (`StaticInputs.load`)."""
+    def _replay(self, captured: dict[int, _Bucket], hidden: torch.Tensor, plan: AttentionPlan) -> LayersOut | None:
         tokens = hidden.shape[0]
         if tokens > self.max_tokens or not captured:
             return None
         bucket = captured[self.buckets[bisect.bisect_left(self.buckets, tokens)]]
         assert self._inputs is not None
-        if not self._inputs.load(bucket.plan, hidden, plan.plan):
+        loaded = self._inputs.load(bucket.plan, hidden, plan)
+        if loaded is None:
             return None
         bucket.graph.replay()
         out_hidden, out_residual = bucket.out
-        return out_hidden[:tokens], out_residual[:tokens]
+        return out_hidden[:tokens], out_residual[:tokens], loaded
 
     def _capture_all(self, like: torch.Tensor) -> dict[int, _Bucket]:
         from vllm.utils.torch_utils import weak_ref_tensor
@@ -238,33 +244,34 @@ class FullGraphs:
         smaller = 0
         for size in self.buckets:
             tokens, smaller = smaller + 1, size
-            plan = DevicePlan.of(AttentionPlan.build(probe_layouts(tokens)), like.device)
+            plan = AttentionPlan.build(probe_layouts(tokens))
+            on_device = DevicePlan.of(plan, like.device)
             hidden = torch.randn(tokens, self.hidden_size, dtype=like.dtype, device=like.device, generator=generator)
             # A clone: the first layer adds into its input in place (the residual stream).
-            expected = run_eager(self.layers, hidden.clone(), plan.positions, plan, self.attn_width)
+            expected = run_eager(self.layers, hidden.clone(), on_device.positions, on_device, self.attn_width)
             replayed = self._replay(captured, hidden, plan)
             assert replayed is not None
-            for want, got in zip(expected, replayed):
+            for want, got in zip(expected, replayed[:2]):
                 scale = max(float(want.abs().max()), 1e-6)
                 worst = max(worst, float((got.float() - want.float()).abs().max()) / scale)
         return worst
 
 
 def pooler_graphs(
-    layers: Sequence[SplitLayer[DevicePlan]],
+    layers: Sequence[SplitLayer],
     hidden_size: int,
     attn_width: int,
     vllm_config: VllmConfig,
     piecewise: bool,
     full_tokens: int,
-) -> list[GraphRunner[DevicePlan]]:
+) -> list[GraphRunner]:
     """A packed pooler's graph runners, smallest steps first: whole-step graphs up to
     ``full_tokens`` (CUDA, fp16/bf16 where flash-attention runs the layers' attention), then
     piecewise graphs up to the step limit; none where graphs are off or cannot run."""
     limit = graph_tokens(vllm_config, piecewise)
     if limit is None:
         return []
-    runners: list[GraphRunner[DevicePlan]] = []
+    runners: list[GraphRunner] = []
     full = min(full_tokens, limit)
     if full >= 16 and vllm_config.model_config.dtype in (torch.float16, torch.bfloat16) and flash_available():
         runners.append(FullGraphs(layers, hidden_size, attn_width, full))

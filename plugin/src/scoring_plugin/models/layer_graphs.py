@@ -18,16 +18,21 @@ from __future__ import annotations
 import bisect
 import logging
 from collections.abc import Sequence
-from typing import Generic, Protocol, TypeVar
+from typing import Protocol
 
 import torch
 from vllm.config import VllmConfig
 from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.platforms import current_platform
 
+from scoring_plugin.models.packed_attention import DevicePlan
+from scoring_plugin.packing import AttentionPlan
+
 logger = logging.getLogger(__name__)
 
-PlanT = TypeVar("PlanT", contravariant=True)
+# (hidden, residual) of the last layer, and the step's plan on the device as the layers read it
+# (the pooler's gathers read it too).
+LayersOut = tuple[torch.Tensor, torch.Tensor, DevicePlan]
 
 
 def graph_tokens(vllm_config: VllmConfig, enabled: bool) -> int | None:
@@ -38,7 +43,7 @@ def graph_tokens(vllm_config: VllmConfig, enabled: bool) -> int | None:
     return vllm_config.scheduler_config.max_num_batched_tokens
 
 
-class SplitLayer(Protocol[PlanT]):
+class SplitLayer(Protocol):
     """A decoder layer cut at its attention: row-wise work before and after, attention between."""
 
     def attention_inputs(
@@ -46,7 +51,7 @@ class SplitLayer(Protocol[PlanT]):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(q, k, v, residual) of this layer's input."""
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: PlanT, out: torch.Tensor) -> None:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DevicePlan, out: torch.Tensor) -> None:
         """Writes the attention of the step's real rows into ``out``."""
 
     def finish(self, attn: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,10 +59,10 @@ class SplitLayer(Protocol[PlanT]):
 
 
 def run_eager(
-    layers: Sequence[SplitLayer[PlanT]],
+    layers: Sequence[SplitLayer],
     hidden: torch.Tensor,
     positions: torch.Tensor,
-    plan: PlanT,
+    plan: DevicePlan,
     attn_width: int,
     attn: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,31 +79,32 @@ def run_eager(
     return hidden, residual
 
 
-class GraphRunner(Protocol[PlanT]):
-    """Replays a step from captured graphs where it holds one of the step's size and shape."""
+class GraphRunner(Protocol):
+    """Replays a step from captured graphs where it holds one of the step's size and shape.
+    It takes the plan on the host and moves it to the device its own way (a whole-step graph
+    reads it padded into static buffers), so a step's plan is copied once, by the runner that
+    serves it."""
 
-    def run(
-        self, hidden: torch.Tensor, positions: torch.Tensor, plan: PlanT
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(hidden, residual) of the last layer, views valid until the next call; None: this
-        runner does not hold the step."""
+    def run(self, hidden: torch.Tensor, plan: AttentionPlan) -> LayersOut | None:
+        """The step's :data:`LayersOut`, views valid until the next call; None, having copied
+        nothing: this runner does not hold the step."""
 
 
 def run_layers(
-    layers: Sequence[SplitLayer[PlanT]],
-    graphs: Sequence[GraphRunner[PlanT]],
+    layers: Sequence[SplitLayer],
+    graphs: Sequence[GraphRunner],
     hidden: torch.Tensor,
-    positions: torch.Tensor,
-    plan: PlanT,
+    plan: AttentionPlan,
     attn_width: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> LayersOut:
     """The stack over one step: the first of ``graphs`` that holds the step replays it, else the
     layers run eager."""
     for runner in graphs:
-        out = runner.run(hidden, positions, plan)
+        out = runner.run(hidden, plan)
         if out is not None:
             return out
-    return run_eager(layers, hidden, positions, plan, attn_width)
+    on_device = DevicePlan.of(plan, hidden.device)
+    return (*run_eager(layers, hidden, on_device.positions, on_device, attn_width), on_device)
 
 
 def token_buckets(max_tokens: int, smallest: int = 16) -> list[int]:
@@ -126,12 +132,12 @@ class _Bucket:
         self.out: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
-class LayerGraphs(Generic[PlanT]):
+class LayerGraphs:
     """Captures every bucket up to ``max_tokens`` on first use (vLLM's profiling run, so the
     graph memory is counted), largest first so smaller buckets reuse the same pool."""
 
     def __init__(
-        self, layers: Sequence[SplitLayer[PlanT]], hidden_size: int, attn_width: int, max_tokens: int
+        self, layers: Sequence[SplitLayer], hidden_size: int, attn_width: int, max_tokens: int
     ) -> None:
         self.layers = layers
         self.hidden_size, self.attn_width = hidden_size, attn_width
@@ -145,9 +151,7 @@ class LayerGraphs(Generic[PlanT]):
     def max_tokens(self) -> int:
         return self.buckets[-1]
 
-    def run(
-        self, hidden: torch.Tensor, positions: torch.Tensor, plan: PlanT
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def run(self, hidden: torch.Tensor, plan: AttentionPlan) -> LayersOut | None:
         """:class:`GraphRunner`: any step up to ``max_tokens``."""
         tokens = hidden.shape[0]
         if not self._captured:
@@ -155,16 +159,17 @@ class LayerGraphs(Generic[PlanT]):
         if tokens > self.max_tokens:
             return None
         assert self._embeds is not None and self._positions is not None and self._attn is not None
+        on_device = DevicePlan.of(plan, hidden.device)
         bucket = self._captured[self.buckets[bisect.bisect_left(self.buckets, tokens)]]
         self._embeds[:tokens].copy_(hidden)
-        self._positions[:tokens].copy_(positions)
+        self._positions[:tokens].copy_(on_device.positions)
         for layer, graph, (q, k, v) in zip(self.layers, bucket.graphs, bucket.qkv):
             graph.replay()
-            layer.attend(q[:tokens], k[:tokens], v[:tokens], plan, self._attn[:tokens])
+            layer.attend(q[:tokens], k[:tokens], v[:tokens], on_device, self._attn[:tokens])
         bucket.graphs[-1].replay()
         assert bucket.out is not None
         out_hidden, out_residual = bucket.out
-        return out_hidden[:tokens], out_residual[:tokens]
+        return out_hidden[:tokens], out_residual[:tokens], on_device
 
     def _capture_all(self, like: torch.Tensor) -> None:
         from vllm.utils.torch_utils import weak_ref_tensor

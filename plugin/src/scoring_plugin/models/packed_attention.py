@@ -90,14 +90,13 @@ def to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.
     return views(buffer.to(device, non_blocking=True), spans, [t.dtype for t in tensors])
 
 
-def step_plan(
-    pooling_metadata: PoolingMetadata, device: torch.device, split_error: str
-) -> tuple[list[int], list[list[int]], DevicePlan]:
+def step_plan(pooling_metadata: PoolingMetadata, split_error: str) -> tuple[list[int], list[list[int]], AttentionPlan]:
     """A packed pooler's view of its step: each request's token count and layout (from its
-    pooling parameters), and the step's attention plan on the device."""
+    pooling parameters), and the step's attention plan, on the host: the layers' runner moves
+    it to the device (:func:`~.layer_graphs.run_layers`)."""
     counts = whole_request_lengths(pooling_metadata, split_error)
     layouts = [layout_of(p.extra_kwargs, n) for p, n in zip(pooling_metadata.pooling_params, counts)]
-    return counts, layouts, DevicePlan.of(AttentionPlan.build(layouts), device)
+    return counts, layouts, AttentionPlan.build(layouts)
 
 
 @functools.cache

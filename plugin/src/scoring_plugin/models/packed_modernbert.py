@@ -154,15 +154,14 @@ class PackedAbsaPooler(Pooler):
         return {PACKED_TASK}
 
     def forward(self, hidden_states: torch.Tensor, pooling_metadata: PoolingMetadata) -> PoolerOutput:
-        counts, layouts, plan = step_plan(
-            pooling_metadata, hidden_states.device,
-            "a packed ABSA request arrived in pieces; chunked prefill must be off",
+        counts, layouts, host_plan = step_plan(
+            pooling_metadata, "a packed ABSA request arrived in pieces; chunked prefill must be off"
         )
         if any(layout[0] for layout in layouts):
             raise ValueError("packed ABSA requests have no shared head: every segment is a whole pair")
         # Anything past the scheduled tokens is padding: never part of a result.
         hidden_states = hidden_states[: sum(counts)]
-        hidden, _ = run_layers(list(self.layers), self.graphs, hidden_states, plan.positions, plan, self.attn_width)
+        hidden, _, plan = run_layers(list(self.layers), self.graphs, hidden_states, host_plan, self.attn_width)
         hidden = self.final_norm(hidden).to(self.head_dtype)
         # With no head, query group g is segment g: its first row is the pair's [CLS].
         sentiment = self.heads.sentiment_logits(hidden.index_select(0, plan.cu_q[:-1].long()))

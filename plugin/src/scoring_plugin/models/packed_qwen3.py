@@ -200,18 +200,14 @@ class PackedPairScorer(Pooler):
         return {PACKED_TASK}
 
     def forward(self, hidden_states: torch.Tensor, pooling_metadata: PoolingMetadata) -> PoolerOutput:
-        _, _, plan = step_plan(
-            pooling_metadata, hidden_states.device, "a packed request arrived in pieces; chunked prefill must be off"
-        )
+        _, _, host_plan = step_plan(pooling_metadata, "a packed request arrived in pieces; chunked prefill must be off")
         if not self._kernels_chosen:
             self._choose_kernels()
-        hidden, residual = run_layers(
-            list(self.layers), self.graphs, hidden_states, plan.positions, plan, self.attn_width
-        )
+        hidden, residual, plan = run_layers(list(self.layers), self.graphs, hidden_states, host_plan, self.attn_width)
         rows = plan.score_rows
         last, _ = self.norm(hidden.index_select(0, rows), residual.index_select(0, rows))
         scores, _ = self.score(last)
-        return list(scores.float().squeeze(-1).split(plan.plan.segments))
+        return list(scores.float().squeeze(-1).split(host_plan.segments))
 
     def _choose_kernels(self) -> None:
         """Once, at the first step (vLLM's profiling run: weights loaded, before any capture)."""
