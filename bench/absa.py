@@ -27,7 +27,7 @@ import random
 import re
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,7 @@ from harness import (
     offline_rate,
     pooling_sender,
     ratio,
+    run_systems,
     site_environment,
     stage_table,
     start,
@@ -321,39 +322,33 @@ async def main_async(args: argparse.Namespace) -> Report:
     requests = make_requests(64, scenario.pairs_per_request)
     report = Report(asdict(scenario), conditions(), tokens_per_pair(absa, requests))
     log(f"{scenario.name} {scenario.dtype}: {report.tokens_per_item:.0f} tokens/pair")
-    systems = args.systems.split(",")
-    if "hf" in systems:
-        report.hf_items_per_s = bench_hf(absa, scenario, requests)
-    if "grpc" in systems:
-        label = "grpc (ours)" if scenario.pack_pairs else "grpc (ours, unpacked)"
-        report.levels += await bench_grpc(absa, scenario, requests, work, scenario.pack_pairs, label)
-    if "grpc-base" in systems:
-        report.levels += await bench_grpc(absa, scenario, requests, work, scenario.pack_pairs,
-                                          f"grpc (ours, base: {Path(args.base_site).name})", site=args.base_site)
-    if "grpc-unpacked" in systems and scenario.pack_pairs:
-        report.levels += await bench_grpc(absa, scenario, requests, work, False, "grpc (ours, unpacked)")
-    if "grpc-piecewise" in systems and scenario.pack_pairs:
-        report.levels += await bench_grpc(absa, scenario, requests, work, True,
-                                          "grpc (ours, piecewise graphs only)", full_graph_tokens=0)
-    if "grpc-threads" in systems:
-        report.levels += await bench_grpc(absa, scenario, requests, work, scenario.pack_pairs,
-                                          "grpc (ours, planning always in threads)", inline_plan_items=0)
-    if "grpc-frontends" in systems:
-        report.levels += await bench_grpc(absa, scenario, requests, work, scenario.pack_pairs,
-                                          f"grpc (ours, {args.frontends} front-ends)", frontends=args.frontends,
-                                          channels=args.channels)
-    if "plugin" in systems:
-        report.levels += await bench_http("vllm serve /pooling + plugin", absa, scenario, requests, work,
-                                          ["--io-processor-plugin", "absa"], plugin_pooling)
-    if "classify" in systems:
-        report.levels += await bench_http("vllm serve /classify (stock, sentiment only)", twin, scenario, requests,
-                                          work, [], stock_classify)
-    if scenario.dtype == "float32" and "grpc-tf32" in systems:
-        report.levels += await bench_grpc(absa, scenario, requests, work, scenario.pack_pairs,
-                                          f"grpc (ours, {TF32})", matmul_precision="high")
-    if scenario.dtype == "float32" and "classify-tf32" in systems:
-        report.levels += await bench_http(f"vllm serve /classify (stock, sentiment only, {TF32})", twin,
-                                          scenario, requests, work, [], stock_classify, matmul_precision="high")
+    packed = scenario.pack_pairs
+
+    def ours(label: str, pack: bool = packed, **options: Any) -> Callable[[], Awaitable[list[Level]]]:
+        return lambda: bench_grpc(absa, scenario, requests, work, pack, label, **options)
+
+    def stock(
+        label: str, model: Path, extra: list[str], send: Callable[..., Any], **options: Any
+    ) -> Callable[[], Awaitable[list[Level]]]:
+        return lambda: bench_http(label, model, scenario, requests, work, extra, send, **options)
+
+    runs = {
+        "grpc": ours("grpc (ours)" if packed else "grpc (ours, unpacked)"),
+        "grpc-base": ours(f"grpc (ours, base: {Path(args.base_site or '-').name})", site=args.base_site),
+        "grpc-threads": ours("grpc (ours, planning always in threads)", inline_plan_items=0),
+        "grpc-frontends": ours(f"grpc (ours, {args.frontends} front-ends)", frontends=args.frontends,
+                               channels=args.channels),
+        "plugin": stock("vllm serve /pooling + plugin", absa, ["--io-processor-plugin", "absa"], plugin_pooling),
+        "classify": stock("vllm serve /classify (stock, sentiment only)", twin, [], stock_classify),
+    }
+    if packed:
+        runs["grpc-unpacked"] = ours("grpc (ours, unpacked)", pack=False)
+        runs["grpc-piecewise"] = ours("grpc (ours, piecewise graphs only)", full_graph_tokens=0)
+    if scenario.dtype == "float32":
+        runs["grpc-tf32"] = ours(f"grpc (ours, {TF32})", matmul_precision="high")
+        runs["classify-tf32"] = stock(f"vllm serve /classify (stock, sentiment only, {TF32})", twin, [],
+                                      stock_classify, matmul_precision="high")
+    await run_systems(report, args.systems.split(","), runs, {"hf": lambda: bench_hf(absa, scenario, requests)})
     return report
 
 

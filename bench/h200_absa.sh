@@ -18,8 +18,9 @@
 #                                   # matmuls (float32_matmul_precision high), c=1 and 32 (~6 min)
 #   sh bench/h200_absa.sh ab        # this tree against a base build (.whl-base: wheels of the base
 #                                   # commit) in one run: host stage costs of both, then ours and
-#                                   # the base at c=1 and 32, twice (~11 min: past one call's
-#                                   # 10 minutes, so AB_ROUNDS=1 per call)
+#                                   # the base at c=1 and 32, twice, each first once (~11 min:
+#                                   # past one call's 10 minutes: AB_ROUNDS=1 in one call, then
+#                                   # AB_FROM=2 AB_ROUNDS=2 in the next)
 #   sh bench/h200_absa.sh steps     # one packed step in the model by token count, fp32 (with
 #                                   # TF32 matmuls for comparison) and bf16, kernels of one call's
 #                                   # step from the torch profiler (bench/packed_step.py, ~4 min)
@@ -84,8 +85,9 @@ ab)
         PYTHONPATH="$site$PYTHONPATH" python3 absa_host_costs.py --repeat 200 --out "$OUT/host-costs-$build.json" \
             2>&1 | grep "^|"
     done
-    for round in $(seq "${AB_ROUNDS:-2}"); do
-        python3 absa.py --systems grpc,grpc-base --base-site /tmp/site-base --concurrency 1,32 \
+    for round in $(seq "${AB_FROM:-1}" "${AB_ROUNDS:-2}"); do  # odd rounds run this tree first, even ones the base
+        order=$([ $((round % 2)) = 1 ] && echo grpc,grpc-base || echo grpc-base,grpc)
+        python3 absa.py --systems "$order" --base-site /tmp/site-base --concurrency 1,32 \
             --seconds-per-level 8 --work /tmp/bw --out "$OUT/ab-$round" 2>&1 | grep -A14 "^| system"
     done
     ;;

@@ -11,6 +11,10 @@
 #                                     # with and without them, 1/5/20 documents (~6 min)
 #   sh bench/h200_rerank.sh inline    # ours with inline planning (the default) and without
 #                                     # (`grpc-threads`), c=1, 20 and 1 documents (~3.5 min)
+#   sh bench/h200_rerank.sh ab        # this tree against a base build (.whl-base: wheels of the
+#                                     # base commit) in one run: c=1/16/64 at 20 documents, c=1 at
+#                                     # one document (~4 min per round; AB_ROUNDS rounds, default
+#                                     # 1, from AB_FROM; odd rounds run this tree first)
 set -eu
 . bench/h200_env.sh
 cd bench
@@ -46,5 +50,13 @@ full)
 inline)
     python3 rerank.py --systems grpc,grpc-threads --concurrency 1 --docs-sweep 1 --seconds-per-level 8 \
         --work /tmp/bw --out "$OUT" 2>&1 | grep -A14 "^| system"
+    ;;
+ab)
+    python3 -m pip install -q --no-deps --upgrade --target /tmp/site-base ../.whl-base/*.whl
+    for round in $(seq "${AB_FROM:-1}" "${AB_ROUNDS:-1}"); do  # odd rounds run this tree first, even ones the base
+        order=$([ $((round % 2)) = 1 ] && echo grpc,grpc-base || echo grpc-base,grpc)
+        python3 rerank.py --systems "$order" --base-site /tmp/site-base --docs-sweep 1 --seconds-per-level 8 \
+            --work /tmp/bw --out "$OUT/ab-$round" 2>&1 | grep -A14 "^| system"
+    done
     ;;
 esac

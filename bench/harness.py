@@ -65,6 +65,25 @@ def int_list(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part]
 
 
+async def run_systems(
+    report: Report, systems: Sequence[str], runs: dict[str, Callable[[], Awaitable[list[Level]]]],
+    offline: dict[str, Callable[[], float]],
+) -> None:
+    """Each named system in the order given: an A/B alternates its order between rounds, so a
+    drift over the run (the host, the GPU's clocks) does not always favour the one run first. A
+    name this run cannot serve (unknown, or not in this scenario) fails before anything starts:
+    skipped silently, a typo would drop a system from a table."""
+    unknown = [name for name in systems if name not in runs and name not in offline]
+    if unknown:
+        raise SystemExit(f"--systems: {', '.join(unknown)} not available here; choose from "
+                         f"{','.join([*offline, *runs])}")
+    for name in systems:
+        if name in offline:
+            report.hf_items_per_s = offline[name]()
+        else:
+            report.levels += await runs[name]()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -25,7 +25,7 @@ import json
 import random
 import statistics
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -46,6 +46,7 @@ from harness import (
     offline_rate,
     pooling_sender,
     ratio,
+    run_systems,
     site_environment,
     start,
     stop,
@@ -341,31 +342,22 @@ async def main_async(args: argparse.Namespace) -> Report:
     requests = make_requests(64, scenario.docs_per_request)
     report = Report(asdict(scenario), conditions(), tokens_per_pair(model, requests))
     log(f"{scenario.name}: {report.tokens_per_item:.0f} tokens/pair")
-    systems = args.systems.split(",")
     docs_sweep = args.docs_sweep
-    if "hf" in systems:
-        report.hf_items_per_s = bench_hf(model, scenario, requests)
-    if "grpc" in systems:
-        report.levels += await bench_grpc(model, scenario, requests, work, docs_sweep, "grpc (ours)")
-    if "grpc-eager" in systems and scenario.pack_pairs:
-        eager = replace(scenario, pack_graphs=False)
-        report.levels += await bench_grpc(model, eager, requests, work, docs_sweep, "grpc (ours, eager layers)")
-    if "grpc-piecewise" in systems and scenario.pack_pairs:
-        piecewise = replace(scenario, pack_full_graph_tokens=0)
-        report.levels += await bench_grpc(model, piecewise, requests, work, docs_sweep,
-                                          "grpc (ours, piecewise graphs only)")
-    if "grpc-threads" in systems:
-        threads = replace(scenario, inline_plan_items=0)
-        report.levels += await bench_grpc(model, threads, requests, work, docs_sweep,
-                                          "grpc (ours, planning always in threads)")
-    if "grpc-base" in systems:
-        base = replace(scenario, server_site=args.base_site)
-        report.levels += await bench_grpc(model, base, requests, work, docs_sweep,
-                                          f"grpc (ours, base: {Path(args.base_site).name})")
-    if "vllm" in systems:
-        report.levels += await bench_vllm_serve(model, scenario, requests, work, docs_sweep, plugin=False)
-    if "plugin" in systems:
-        report.levels += await bench_vllm_serve(model, scenario, requests, work, docs_sweep, plugin=True)
+
+    def ours(label: str, **changes: Any) -> Callable[[], Awaitable[list[Level]]]:
+        return lambda: bench_grpc(model, replace(scenario, **changes), requests, work, docs_sweep, label)
+
+    runs = {
+        "grpc": ours("grpc (ours)"),
+        "grpc-threads": ours("grpc (ours, planning always in threads)", inline_plan_items=0),
+        "grpc-base": ours(f"grpc (ours, base: {Path(args.base_site or '-').name})", server_site=args.base_site),
+        "vllm": lambda: bench_vllm_serve(model, scenario, requests, work, docs_sweep, plugin=False),
+        "plugin": lambda: bench_vllm_serve(model, scenario, requests, work, docs_sweep, plugin=True),
+    }
+    if scenario.pack_pairs:
+        runs["grpc-eager"] = ours("grpc (ours, eager layers)", pack_graphs=False)
+        runs["grpc-piecewise"] = ours("grpc (ours, piecewise graphs only)", pack_full_graph_tokens=0)
+    await run_systems(report, args.systems.split(","), runs, {"hf": lambda: bench_hf(model, scenario, requests)})
     return report
 
 

@@ -44,7 +44,7 @@ def test_rerank_bench_cpu_smoke(tmp_path: Path) -> None:
     site, marker = tmp_path / "site-base", tmp_path / "base-imported"
     site.mkdir()
     (site / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'a').write('imported\\n')\n")
-    done = _bench("rerank.py", "--cpu-smoke", "--systems", "hf,grpc,grpc-base,grpc-threads,vllm,plugin",
+    done = _bench("rerank.py", "--cpu-smoke", "--systems", "hf,grpc-base,grpc,grpc-threads,vllm,plugin",
                   "--base-site", str(site),
                   "--out", str(out), "--work", str(tmp_path / "work"), "--docs", "3", "--docs-sweep", "1")
     assert marker.read_text().startswith("imported")
@@ -53,9 +53,10 @@ def test_rerank_bench_cpu_smoke(tmp_path: Path) -> None:
     assert "| grpc (ours) | 1 | 1 |" in done.stdout  # the sweep
     (report_file,) = out.glob("*.json")
     report = json.loads(report_file.read_text())
-    systems = {level["system"] for level in report["levels"]}
-    assert systems == {"grpc (ours)", "grpc (ours, base: site-base)", "grpc (ours, planning always in threads)",
-                       "vllm serve /rerank", "vllm serve /pooling + plugin"}
+    # In the order asked for (an A/B alternates it between rounds).
+    systems = list(dict.fromkeys(level["system"] for level in report["levels"]))
+    assert systems == ["grpc (ours, base: site-base)", "grpc (ours)", "grpc (ours, planning always in threads)",
+                       "vllm serve /rerank", "vllm serve /pooling + plugin"]
     assert report["hf_items_per_s"] > 0
     model = tmp_path / "work" / f"model-{report['scenario']['name']}"
     for level in report["levels"]:
@@ -112,6 +113,21 @@ def test_packed_step_profile_absa_cpu_smoke(tmp_path: Path) -> None:
     assert [step["pairs"] for step in report["steps"]] == [1, 8, 31]
     assert all(step["eager_ms"] > 0 and "eager_tf32_ms" not in step for step in report["steps"])  # CPU
     assert report["profiled_step_tokens"] == 544 and "aten::" in report["profiled_step_kernels"]
+
+
+def test_a_system_the_run_cannot_serve_fails_before_any_runs(tmp_path: Path) -> None:
+    """A typo, or a system its scenario lacks (unpacked ABSA without packing), would otherwise
+    be left out of the table without a word."""
+    for script, systems, extra in (("rerank.py", "grpc,grcp", []), ("absa.py", "grpc,grpc-unpacked", ["--no-pack"])):
+        done = subprocess.run(
+            [sys.executable, str(REPO / "bench" / script), "--cpu-smoke", "--systems", systems, *extra,
+             "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")],
+            capture_output=True, text=True, timeout=600, env=tool_env(), cwd=REPO / "bench",
+        )
+        assert done.returncode != 0
+        assert systems.split(",")[1] + " not available here" in done.stderr
+        assert not list((tmp_path / "work").glob("*.log")), "a server started"
+        assert not (tmp_path / "out").exists()
 
 
 def test_absa_bench_cpu_smoke(tmp_path: Path) -> None:
