@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from scoring_plugin.models.full_graphs import StaticInputs, group_capacity, key_capacity, probe_layouts
-from scoring_plugin.models.packed_attention import DevicePlan, PairAttention, staged, views
+from scoring_plugin.models.packed_attention import DevicePlan, PairAttention, staged, to_device, views
 from scoring_plugin.packing import AttentionPlan
 
 CPU = torch.device("cpu")
@@ -116,3 +116,14 @@ def test_a_plan_staged_as_one_block_views_back_as_its_arrays() -> None:
     for array, tensor in zip(arrays, back):
         assert tensor.dtype == torch.from_numpy(array).dtype
         assert tensor.tolist() == array.tolist()
+
+
+def test_the_one_copy_path_keeps_every_arrays_dtype_and_length() -> None:
+    """`to_device` off the CPU (one staged block, typed views): run on the meta device, which
+    takes the same branch as a GPU without one."""
+    plan = AttentionPlan.build([[5, 7, 3, 9], [0, 11, 4]])
+    arrays = [plan.positions, plan.kv_index, plan.score_rows, plan.cu_q, plan.cu_k]
+    moved = to_device(arrays, torch.device("meta"))
+    assert [(t.device.type, t.dtype, t.shape[0]) for t in moved] == [
+        ("meta", torch.from_numpy(a).dtype, len(a)) for a in arrays
+    ]

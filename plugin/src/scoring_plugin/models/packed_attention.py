@@ -80,14 +80,17 @@ def views(block: torch.Tensor, spans: Sequence[tuple[int, int]], dtypes: Sequenc
     return [block[start : start + size].view(dtype) for (start, size), dtype in zip(spans, dtypes)]
 
 
+# The integer dtypes a plan holds, as torch names them.
+_TORCH_DTYPES = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32}
+
+
 def to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
     """Tensors of the arrays on ``device``: views of the arrays themselves on the CPU, views
     into one block copied in one piece on a GPU."""
-    tensors = [torch.from_numpy(np.ascontiguousarray(array)) for array in arrays]
     if device.type == "cpu":
-        return tensors
+        return [torch.from_numpy(np.ascontiguousarray(array)) for array in arrays]
     buffer, spans = staged(arrays)
-    return views(buffer.to(device, non_blocking=True), spans, [t.dtype for t in tensors])
+    return views(buffer.to(device, non_blocking=True), spans, [_TORCH_DTYPES[array.dtype] for array in arrays])
 
 
 def step_plan(pooling_metadata: PoolingMetadata, split_error: str) -> tuple[list[int], list[list[int]], AttentionPlan]:
