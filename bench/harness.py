@@ -13,6 +13,7 @@ import os
 import platform
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -45,6 +46,8 @@ class Level:
     server_stages_ms: dict[str, float] = field(default_factory=dict)
     # GPU memory the server's processes hold at the end of the level (None: no NVIDIA GPU).
     gpu_memory_mib: int | None = None
+    # Mean latency the client saw: beside the server's means, what the server's stages leave out.
+    mean_ms: float | None = None
 
 
 @dataclass
@@ -251,6 +254,8 @@ def cpu_seconds(pid: int) -> dict[str, float]:
 
 # /metrics series read around a level: (sum series, count series) by the name it is reported as.
 _STAGE_SERIES = {
+    # The whole handler, interceptors included (our telemetry interceptor's histogram).
+    "rpc": ("scoring_request_duration_seconds_sum", "scoring_request_duration_seconds_count", None),
     **{stage: ("scoring_stage_duration_seconds_sum", "scoring_stage_duration_seconds_count", stage)
        for stage in ("parse", "preprocess", "engine", "postprocess")},
     "vllm_queue": ("vllm:request_queue_time_seconds_sum", "vllm:request_queue_time_seconds_count", None),
@@ -363,7 +368,8 @@ async def closed_loop(
     n = items_per_request
     level = Level(system, n, concurrency, len(latencies), len(latencies) * n, elapsed,
                   len(latencies) * n / elapsed, pct(0.5), pct(0.95), pct(0.99), errors,
-                  sum(tokens) / max(1, len(tokens) * n), cores, stages, memory)
+                  sum(tokens) / max(1, len(tokens) * n), cores, stages, memory,
+                  mean_ms=round(statistics.fmean(latencies) * 1e3, 2) if latencies else None)
     log(f"{system} items={n} c={concurrency}: {level.items_per_s:,.0f} items/s, p50 {level.p50_ms:.1f} ms, "
         f"p95 {level.p95_ms:.1f} ms, errors {errors}" + (f", server cores {cores}" if cores else "")
         + (f", stages ms {stages}" if stages else ""))
@@ -386,17 +392,22 @@ def ratio(value: float, baseline: float | None) -> str:
 
 
 def stage_table(levels: Sequence[Level]) -> list[str]:
-    """Markdown lines: the server-reported mean stage times of each level that has them."""
+    """Markdown lines: the client's mean latency and the server-reported mean stage times of
+    each level that has them. Client minus rpc is what happens outside the server's handler
+    (transport, the response's serialisation, the client); rpc minus the stages is the handler's
+    own overhead (interceptors, admission, building the response)."""
     rows = [l for l in levels if l.server_stages_ms]
     if not rows:
         return []
     names = list(dict.fromkeys(k for l in rows for k in l.server_stages_ms))
-    lines = ["", "Server-reported means per call (ms; vllm_* per engine request; steps per call):", "",
-             "| system | items/request | concurrency | " + " | ".join(names) + " |",
-             "|---|---|---|" + "---|" * len(names)]
+    lines = ["", "Means per call (ms): the client's, then as the server reports them (rpc: its whole handler; "
+                 "vllm_* per engine request; steps per call):", "",
+             "| system | items/request | concurrency | client | " + " | ".join(names) + " |",
+             "|---|---|---|---|" + "---|" * len(names)]
     for l in rows:
         cells = " | ".join(str(l.server_stages_ms.get(n, "-")) for n in names)
-        lines.append(f"| {l.system} | {l.items_per_request} | {l.concurrency} | {cells} |")
+        client = "-" if l.mean_ms is None else str(l.mean_ms)
+        lines.append(f"| {l.system} | {l.items_per_request} | {l.concurrency} | {client} | {cells} |")
     return lines
 
 
