@@ -1,0 +1,132 @@
+"""What one unary gRPC call costs outside any scoring work, on this machine: a trivial echo RPC
+at c=1 through a bare ``grpc.aio`` server, and through the same server with the interceptors our
+server installs (telemetry: metrics, access log, tracing span; error mapping), each server in
+its own process, the client in this one. At c=1 the benches' client latency sits 1.4-1.6 ms
+above the sum of our server's stages on the H200 host; this says how much of that any Python
+gRPC call pays and how much our interceptors add. Servers run in turn within each round, the
+order alternating between rounds; each is timed back to back and with the client idle between
+calls (what a c=1 call finds on a host that slows down after a wait). A profile to choose the
+next change by, not a throughput claim.
+
+    python bench/rpc_overhead.py [--calls 2000] [--rounds 4] [--idle-ms 8] [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from harness import free_port, log, start, stop
+
+SERVERS = ("bare grpc.aio", "with our interceptors")
+METHOD = "/scoring.bench.Echo/Call"  # not one of the services our access log leaves out
+PAYLOAD = b"x" * 256
+
+
+async def serve(port: int, ours: bool) -> None:
+    import grpc
+
+    interceptors: list[grpc.aio.ServerInterceptor] = []
+    if ours:  # as ScoringServer installs them (no auth), logging as its CLI configures it
+        from scoring_server.cli import configure_logging
+        from scoring_server.errors import ErrorMappingInterceptor
+        from scoring_server.telemetry import TelemetryInterceptor
+
+        configure_logging("info", "text")
+        interceptors = [TelemetryInterceptor(), ErrorMappingInterceptor()]
+
+    async def echo(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return request
+
+    service, method = METHOD.strip("/").split("/")
+    server = grpc.aio.server(interceptors=interceptors)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service, {method: grpc.unary_unary_rpc_method_handler(echo)}),)
+    )
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    await server.wait_for_termination()
+
+
+async def timed_calls(port: int, calls: int, idle_s: float) -> list[float]:
+    """Latency of ``calls`` calls one after another over one channel, after a warm-up."""
+    import grpc
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_unary(METHOD)
+        await channel.channel_ready()
+        for _ in range(100):
+            await call(PAYLOAD)
+        latencies = []
+        for _ in range(calls):
+            if idle_s:
+                await asyncio.sleep(idle_s)
+            began = time.perf_counter()
+            assert await call(PAYLOAD) == PAYLOAD
+            latencies.append(time.perf_counter() - began)
+        return latencies
+
+
+async def measure(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
+    """Latencies by server and idle time (ms), pooled over the rounds."""
+    work = Path(tempfile.mkdtemp(prefix="rpc-overhead-"))
+    ports = {name: free_port() for name in SERVERS}
+    processes = [
+        start([sys.executable, __file__, "--serve", name, "--port", str(ports[name])], work / f"server-{i}.log")
+        for i, name in enumerate(SERVERS)
+    ]
+    results: dict[str, dict[str, list[float]]] = {name: {} for name in SERVERS}
+    try:
+        for rnd in range(args.rounds):
+            order = SERVERS if rnd % 2 == 0 else SERVERS[::-1]
+            for name in order:
+                for idle_ms in (0.0, args.idle_ms):
+                    latencies = await asyncio.wait_for(timed_calls(ports[name], args.calls, idle_ms / 1e3), 600)
+                    results[name].setdefault(f"{idle_ms:g}", []).extend(latencies)
+            log(f"round {rnd + 1} of {args.rounds} done")
+    finally:
+        for process in processes:
+            stop(process)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=2000, help="calls per server, idle time and round")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--idle-ms", type=float, default=8.0, help="the client's wait between calls, second column")
+    parser.add_argument("--out", type=Path, help="also write the table as JSON here")
+    parser.add_argument("--serve", choices=SERVERS, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        asyncio.run(serve(args.port, args.serve == SERVERS[1]))
+        return
+    results = asyncio.run(measure(args))
+    rows: dict[str, dict[str, Any]] = {}
+    for name, by_idle in results.items():
+        for idle, latencies in by_idle.items():
+            rows[f"{name}, idle {idle} ms"] = {
+                "p50_us": statistics.median(latencies) * 1e6,
+                "mean_us": statistics.fmean(latencies) * 1e6,
+                "calls": len(latencies),
+            }
+    print(f"\nOne unary echo RPC at c=1 ({len(PAYLOAD)} bytes each way), {args.rounds} rounds of {args.calls} calls\n")
+    print("| server, client idle between calls | p50 us | mean us | p50 minus bare us |")
+    print("|---|---|---|---|")
+    for key, row in rows.items():
+        bare = rows[key.replace(SERVERS[1], SERVERS[0])]["p50_us"]
+        print(f"| {key} | {row['p50_us']:,.0f} | {row['mean_us']:,.0f} | {row['p50_us'] - bare:+,.0f} |")
+    if args.out:
+        args.out.write_text(json.dumps({"calls": args.calls, "rounds": args.rounds, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
