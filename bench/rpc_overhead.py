@@ -6,9 +6,11 @@ above the sum of our server's stages on the H200 host; this says how much of tha
 gRPC call pays and how much our interceptors add. Servers run in turn within each round, the
 order alternating between rounds; each is timed back to back and with the client idle between
 calls (what a c=1 call finds on a host that slows down after a wait). A profile to choose the
-next change by, not a throughput claim.
+next change by, not a throughput claim. ``--base-site DIR`` adds our interceptors as another
+build has them (its packages installed to DIR), for a change measured against its base in one
+run.
 
-    python bench/rpc_overhead.py [--calls 2000] [--rounds 4] [--idle-ms 8] [--out FILE.json]
+    python bench/rpc_overhead.py [--calls 2000] [--rounds 4] [--idle-ms 8] [--base-site DIR] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import free_port, log, start, stop
+from harness import free_port, log, site_environment, start, stop
 
-SERVERS = ("bare grpc.aio", "with our interceptors")
+BARE, OURS, BASE = "bare grpc.aio", "with our interceptors", "with the base build's interceptors"
 METHOD = "/scoring.bench.Echo/Call"  # not one of the services our access log leaves out
 PAYLOAD = b"x" * 256
 
@@ -77,15 +79,17 @@ async def timed_calls(port: int, calls: int, idle_s: float) -> list[float]:
 async def measure(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
     """Latencies by server and idle time (ms), pooled over the rounds."""
     work = Path(tempfile.mkdtemp(prefix="rpc-overhead-"))
-    ports = {name: free_port() for name in SERVERS}
+    servers = (BARE, OURS, BASE) if args.base_site else (BARE, OURS)
+    ports = {name: free_port() for name in servers}
     processes = [
-        start([sys.executable, __file__, "--serve", name, "--port", str(ports[name])], work / f"server-{i}.log")
-        for i, name in enumerate(SERVERS)
+        start([sys.executable, __file__, "--serve", OURS if name == BASE else name, "--port", str(ports[name])],
+              work / f"server-{i}.log", site_environment(args.base_site) if name == BASE else None)
+        for i, name in enumerate(servers)
     ]
-    results: dict[str, dict[str, list[float]]] = {name: {} for name in SERVERS}
+    results: dict[str, dict[str, list[float]]] = {name: {} for name in servers}
     try:
         for rnd in range(args.rounds):
-            order = SERVERS if rnd % 2 == 0 else SERVERS[::-1]
+            order = servers if rnd % 2 == 0 else servers[::-1]
             for name in order:
                 for idle_ms in (0.0, args.idle_ms):
                     latencies = await asyncio.wait_for(timed_calls(ports[name], args.calls, idle_ms / 1e3), 600)
@@ -103,11 +107,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--idle-ms", type=float, default=8.0, help="the client's wait between calls, second column")
     parser.add_argument("--out", type=Path, help="also write the table as JSON here")
-    parser.add_argument("--serve", choices=SERVERS, help=argparse.SUPPRESS)
+    parser.add_argument("--base-site", help="also our interceptors from the packages installed in this directory")
+    parser.add_argument("--serve", choices=(BARE, OURS), help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        asyncio.run(serve(args.port, args.serve == SERVERS[1]))
+        asyncio.run(serve(args.port, args.serve == OURS))
         return
     results = asyncio.run(measure(args))
     rows: dict[str, dict[str, Any]] = {}
@@ -122,7 +127,7 @@ def main() -> None:
     print("| server, client idle between calls | p50 us | mean us | p50 minus bare us |")
     print("|---|---|---|---|")
     for key, row in rows.items():
-        bare = rows[key.replace(SERVERS[1], SERVERS[0])]["p50_us"]
+        bare = rows[BARE + key[key.index(", idle"):]]["p50_us"]
         print(f"| {key} | {row['p50_us']:,.0f} | {row['mean_us']:,.0f} | {row['p50_us'] - bare:+,.0f} |")
     if args.out:
         args.out.write_text(json.dumps({"calls": args.calls, "rounds": args.rounds, "rows": rows}, indent=1))

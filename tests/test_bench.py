@@ -226,3 +226,16 @@ def test_gc_pause_bench_prints_its_table(tmp_path: Path) -> None:
     rows = json.loads(out.read_text())
     assert rows["frozen"]["frozen_objects"] > rows["frozen"]["walked_objects"]
     assert rows["left to the collector"]["walked_objects"] > rows["frozen"]["walked_objects"]
+
+
+def test_rpc_overhead_bench_times_each_server(tmp_path: Path) -> None:
+    """Both servers answer (the echo comes back whole) back to back and after an idle; a base
+    build's interceptors are a third server, here this build's own packages again."""
+    out = tmp_path / "rpc.json"
+    done = _bench("rpc_overhead.py", "--calls", "20", "--rounds", "2", "--idle-ms", "1",
+                  "--base-site", str(REPO / "server" / "src"), "--out", str(out), timeout=600)
+    rows = json.loads(out.read_text())["rows"]
+    servers = ("bare grpc.aio", "with our interceptors", "with the base build's interceptors")
+    assert set(rows) == {f"{server}, idle {idle} ms" for server in servers for idle in ("0", "1")}
+    assert all(row["calls"] == 40 and row["p50_us"] > 0 for row in rows.values())
+    assert "| with our interceptors, idle 0 ms |" in done.stdout

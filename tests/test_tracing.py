@@ -143,3 +143,21 @@ def test_call_without_traceparent_starts_a_trace(
 
 def test_tracing_is_off_by_default() -> None:
     assert TracingSettings().enabled is False
+
+
+def test_off_no_opentelemetry_call_is_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tracing off (the default) costs the event loop nothing per call: no span, no context
+    extraction, not even a read of the call's metadata."""
+    from scoring_server import tracing
+
+    tracing.configure(TracingSettings())
+    monkeypatch.setattr(tracing, "TRACER", None)  # any use of the tracer would raise
+
+    def metadata() -> object:
+        raise AssertionError("the call's metadata was read")
+
+    with tracing.server_span("/scoring.v1.AbsaService/Analyze", metadata) as span:
+        assert span.get_span_context().trace_id == 0
+        with tracing.stage("engine"):
+            assert tracing.engine_trace_headers() is None
+        tracing.finish_server_span(span, "INTERNAL", 13, {"model": "absa"})

@@ -60,7 +60,7 @@ def _recording(full_method: str, context: grpc.aio.ServicerContext) -> Iterator[
     token = _CALL_FIELDS.set(fields)
     started = time.perf_counter()
     code = grpc.StatusCode.OK
-    with tracing.server_span(full_method, context.invocation_metadata()) as span:
+    with tracing.server_span(full_method, context.invocation_metadata) as span:
         trace_id = span.get_span_context().trace_id
         if trace_id:  # only when tracing: lets a log line lead to its trace
             fields["trace_id"] = format(trace_id, "032x")
