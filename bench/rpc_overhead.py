@@ -7,8 +7,8 @@ gRPC call pays and how much our interceptors add. Servers run in turn within eac
 order alternating between rounds; each is timed back to back and with the client idle between
 calls (what a c=1 call finds on a host that slows down after a wait). A profile to choose the
 next change by, not a throughput claim. ``--base-site DIR`` adds our interceptors as another
-build has them (its packages installed to DIR), for a change measured against its base in one
-run.
+build has them (its packages installed to DIR; a build from this bench's commit on, which has
+``scoring_server.app.interceptors``), for a change measured against its base in one run.
 
     python bench/rpc_overhead.py [--calls 2000] [--rounds 4] [--idle-ms 8] [--base-site DIR] [--out FILE.json]
 """
@@ -36,13 +36,13 @@ async def serve(port: int, ours: bool) -> None:
     import grpc
 
     interceptors: list[grpc.aio.ServerInterceptor] = []
-    if ours:  # as ScoringServer installs them (no auth), logging as its CLI configures it
+    if ours:  # what ScoringServer installs (no auth), logging as its CLI configures it
+        from scoring_server.app import interceptors as server_interceptors
         from scoring_server.cli import configure_logging
-        from scoring_server.errors import ErrorMappingInterceptor
-        from scoring_server.telemetry import TelemetryInterceptor
+        from scoring_server.security import AuthSettings
 
         configure_logging("info", "text")
-        interceptors = [TelemetryInterceptor(), ErrorMappingInterceptor()]
+        interceptors = server_interceptors(AuthSettings())
 
     async def echo(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return request

@@ -36,7 +36,7 @@ from scoring_server.services.info import InfoServicer
 from scoring_server.services.absa import AbsaServicer
 from scoring_server.services.image_rank import ImageRankServicer
 from scoring_server.services.rerank import RerankServicer
-from scoring_server.security import BearerTokenInterceptor
+from scoring_server.security import AuthSettings, BearerTokenInterceptor
 from scoring_server.telemetry import TelemetryInterceptor
 from scoring_server.tracing import TracingSettings
 
@@ -60,6 +60,16 @@ class EngineFailure(RuntimeError):
     """An engine died under a running server; the process exits non-zero."""
 
 
+def interceptors(auth: AuthSettings) -> list[grpc.aio.ServerInterceptor]:
+    """What every call passes through (bench/rpc_overhead.py times them). Telemetry outermost:
+    it sees the status the others produced, refusals included."""
+    chain: list[grpc.aio.ServerInterceptor] = [TelemetryInterceptor()]
+    if auth.enabled:
+        chain.append(BearerTokenInterceptor(auth))
+    chain.append(ErrorMappingInterceptor())
+    return chain
+
+
 class ScoringServer:
     """`slots`: this process is one of several front-ends (`scoring_server.frontends`), reaching
     engines the supervisor launched; it shares the port and leaves /metrics to the supervisor."""
@@ -74,13 +84,8 @@ class ScoringServer:
         for name, slot in (slots or {}).items():
             self.registry.models[name].slot = slot
         self.health = health.aio.HealthServicer()
-        # Telemetry outermost: it sees the status the others produced, refusals included.
-        interceptors: list[grpc.aio.ServerInterceptor] = [TelemetryInterceptor()]
-        if settings.auth.enabled:
-            interceptors.append(BearerTokenInterceptor(settings.auth))
-        interceptors.append(ErrorMappingInterceptor())
         self.server = grpc.aio.server(
-            interceptors=interceptors,
+            interceptors=interceptors(settings.auth),
             options=[
                 ("grpc.max_receive_message_length", settings.max_receive_message_bytes),
                 ("grpc.max_send_message_length", settings.max_send_message_bytes),
