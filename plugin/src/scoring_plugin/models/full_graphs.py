@@ -10,7 +10,10 @@ fixed shapes, so the step's plan is copied into static buffers sized by the buck
 groups past the real ones are empty (their ``cu_seqlens`` entries repeat the end), key indices
 past the real ones read row 0, and ``max_seqlen`` is the bucket's token count. FA3 on Hopper
 schedules varlen tiles from ``cu_seqlens`` on the device (its persistent varlen scheduler), so
-neither the empty groups nor the loose bound launch work of their own.
+neither the empty groups nor the loose bound launch work of their own. Inside these graphs a
+shared head's keys are still gathered through ``kv_index``: the page table that lets larger
+steps read them in place (:class:`~.packed_attention.DevicePlan`) would be a bucket-sized
+[groups, keys] block to copy every step.
 
 Each captured bucket is checked against the eager layers on a probe plan before it serves; a
 mismatch turns whole-step graphs off (logged) and the step falls back to piecewise graphs.
@@ -245,7 +248,7 @@ class FullGraphs:
         for size in self.buckets:
             tokens, smaller = smaller + 1, size
             plan = AttentionPlan.build(probe_layouts(tokens))
-            on_device = DevicePlan.of(plan, like.device)
+            on_device = DevicePlan.of(plan, like.device, like.dtype)
             hidden = torch.randn(tokens, self.hidden_size, dtype=like.dtype, device=like.device, generator=generator)
             # A clone: the first layer adds into its input in place (the residual stream).
             expected = run_eager(self.layers, hidden.clone(), on_device.positions, on_device, self.attn_width)

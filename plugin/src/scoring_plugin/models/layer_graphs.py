@@ -103,7 +103,7 @@ def run_layers(
         out = runner.run(hidden, plan)
         if out is not None:
             return out
-    on_device = DevicePlan.of(plan, hidden.device)
+    on_device = DevicePlan.of(plan, hidden.device, hidden.dtype)
     return (*run_eager(layers, hidden, on_device.positions, on_device, attn_width), on_device)
 
 
@@ -159,7 +159,7 @@ class LayerGraphs:
         if tokens > self.max_tokens:
             return None
         assert self._embeds is not None and self._positions is not None and self._attn is not None
-        on_device = DevicePlan.of(plan, hidden.device)
+        on_device = DevicePlan.of(plan, hidden.device, hidden.dtype)
         bucket = self._captured[self.buckets[bisect.bisect_left(self.buckets, tokens)]]
         self._embeds[:tokens].copy_(hidden)
         self._positions[:tokens].copy_(on_device.positions)

@@ -1,0 +1,147 @@
+"""What one layer's pair attention costs on the GPU, by the way the keys reach flash-attention:
+today's row gather (``index_select`` of K and V through the plan's ``kv_index``, then a varlen
+call), against reading the rows in place through a page table of one-row pages (no gather:
+flash-attention 3's non-TMA paged path), and against flash-attention 3's own knobs (``pack_gqa``,
+``num_splits``) on today's path. Each variant's output is checked against today's.
+
+Rerank's shapes (Qwen3-0.6B: 16 query heads, 8 KV heads, head size 128; a 10-token shared head
+and 135-token segments, 20 per call) at the step sizes of `bench/packed_step.py`. The kernel
+alone, no model, no engine: a profile to choose the attention path by, per layer (28 layers per
+step). Eager launches, so the smallest steps are launch-bound.
+
+    python bench/attention_variants.py --out $OUT     # GPU with flash-attention (the H200)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from harness import conditions
+from packed_step import RERANK
+
+HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128
+STEP_TOKENS = (145, 2710, 8192, 16384)
+
+
+def timed_us(run: Callable[[], object], repeats: int = 50) -> float:
+    for _ in range(5):
+        run()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(repeats):
+        run()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / repeats * 1e3
+
+
+def page_table(kv_index: np.ndarray, cu_k: np.ndarray, max_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each group's key rows as one-row pages, padded with row 0 (never read: ``seqused_k``)."""
+    lengths = np.diff(cu_k)
+    table = np.zeros((len(lengths), max_k), dtype=np.int32)
+    table[np.arange(max_k)[None, :] < lengths[:, None]] = kv_index
+    return table, lengths.astype(np.int32)
+
+
+def variants(tokens: int) -> dict[str, dict[str, float]]:
+    from vllm.vllm_flash_attn import flash_attn_varlen_func
+
+    from scoring_plugin.models.packed_attention import DevicePlan, PairAttention
+    from scoring_plugin.packing import AttentionPlan
+
+    device = torch.device("cuda")
+    plan = DevicePlan.of(AttentionPlan.build(RERANK.layouts_for(tokens)), device)
+    torch.manual_seed(0)
+    qkv = torch.randn(tokens, (HEADS + 2 * KV_HEADS) * HEAD_DIM, device=device, dtype=torch.bfloat16)
+    q, k, v = qkv.split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=1)
+    attention = PairAttention(HEADS, KV_HEADS, HEAD_DIM)
+    reference = torch.empty(tokens, HEADS * HEAD_DIM, device=device, dtype=torch.bfloat16)
+    attention(q, k, v, plan, reference)
+    out = torch.empty_like(reference)
+    q3 = q.view(tokens, HEADS, HEAD_DIM)
+    scale = HEAD_DIM**-0.5
+
+    def fa3(pack_gqa: bool | None, num_splits: int) -> Callable[[], object]:
+        def run() -> object:
+            k_rows = k.view(tokens, KV_HEADS, HEAD_DIM).index_select(0, plan.kv_index)
+            v_rows = v.view(tokens, KV_HEADS, HEAD_DIM).index_select(0, plan.kv_index)
+            return torch.ops._vllm_fa3_C.fwd(
+                q3, k_rows, v_rows, None, None, None, out.view(tokens, HEADS, HEAD_DIM),
+                plan.cu_q, plan.cu_k, None, None, None, plan.max_q, plan.max_k, None, None, None,
+                None, None, None, None, None, None, scale, True, -1, -1, 0.0, True, None,
+                num_splits, pack_gqa, 0, None, 1, 0, None,
+            )
+
+        return run
+
+    table, used = page_table(plan.plan.kv_index, plan.plan.cu_k, plan.max_k)
+    table_d, used_d = torch.from_numpy(table).to(device), torch.from_numpy(used).to(device)
+
+    def paged() -> object:
+        return flash_attn_varlen_func(
+            q3, k.view(tokens, 1, KV_HEADS, HEAD_DIM), v.view(tokens, 1, KV_HEADS, HEAD_DIM),
+            plan.max_q, plan.cu_q, plan.max_k, seqused_k=used_d, block_table=table_d,
+            softmax_scale=scale, causal=True, out=out.view(tokens, HEADS, HEAD_DIM), fa_version=3,
+        )
+
+    def gather_only() -> object:
+        return (k.view(tokens, KV_HEADS, HEAD_DIM).index_select(0, plan.kv_index),
+                v.view(tokens, KV_HEADS, HEAD_DIM).index_select(0, plan.kv_index))
+
+    runs: dict[str, Callable[[], object]] = {
+        "today: gather + FA3 varlen": lambda: attention(q, k, v, plan, out),
+        "the gather alone": gather_only,
+        "FA3 pack_gqa on": fa3(True, 0),
+        "FA3 pack_gqa off": fa3(False, 0),
+        "FA3 num_splits 1": fa3(None, 1),
+        "one-row pages, no gather": paged,
+    }
+    rows: dict[str, dict[str, float]] = {}
+    for name, run in runs.items():
+        try:
+            us = timed_us(run)
+        except (RuntimeError, TypeError) as error:  # a variant this build refuses: say so, go on
+            rows[name] = {"error": str(error)[:200]}  # type: ignore[dict-item]
+            continue
+        row = {"us": us}
+        if name != "the gather alone":
+            run()
+            row["max_abs_diff"] = float((out.float() - reference.float()).abs().max())
+        rows[name] = row
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    report = {"conditions": conditions(), "shapes": {"heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
+              "head_tokens": RERANK.head, "segment_tokens": RERANK.segment}, "steps": {}}
+    lines = ["| step tokens | variant | us per layer | x today | max abs diff vs today |", "|---|---|---|---|---|"]
+    for tokens in STEP_TOKENS:
+        rows = variants(tokens)
+        report["steps"][tokens] = rows
+        today = rows["today: gather + FA3 varlen"]["us"]
+        for name, row in rows.items():
+            if "error" in row:
+                lines.append(f"| {tokens} | {name} | refused: {row['error']} | | |")
+                continue
+            diff = f"{row['max_abs_diff']:.2e}" if "max_abs_diff" in row else "-"
+            lines.append(f"| {tokens} | {name} | {row['us']:.1f} | {today / row['us']:.2f}x | {diff} |")
+    table = "\n".join(lines)
+    print(table)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "attention-variants-h200-bf16.json").write_text(json.dumps(report, indent=1))
+    (args.out / "attention-variants-h200-bf16.md").write_text(
+        "One layer's pair attention, Qwen3-0.6B-shaped rerank steps, bf16\n\n" + table + "\n")
+
+
+if __name__ == "__main__":
+    main()
