@@ -1,8 +1,10 @@
-"""What one layer's pair attention costs on the GPU, by the way the keys reach flash-attention:
-today's row gather (``index_select`` of K and V through the plan's ``kv_index``, then a varlen
-call), against reading the rows in place through a page table of one-row pages (no gather:
-flash-attention 3's non-TMA paged path), and against flash-attention 3's own knobs (``pack_gqa``,
-``num_splits``) on today's path. Each variant's output is checked against today's.
+"""What one layer's pair attention costs on the GPU, by the way a shared head's keys reach
+flash-attention: gathered (``index_select`` of K and V through the plan's ``kv_index``, then a
+varlen call: the layers' path before b774478, and inside captured whole-step graphs still),
+against read in place through a page table of one-row pages (flash-attention 3's non-TMA paged
+path: what :class:`~scoring_plugin.models.packed_attention.DevicePlan` sends the layers now),
+and flash-attention 3's own knobs (``pack_gqa``, ``num_splits``) on the gather path. Each
+variant's output is checked against the gather path's.
 
 Rerank's shapes (Qwen3-0.6B: 16 query heads, 8 KV heads, head size 128; a 10-token shared head
 and 135-token segments, 20 per call) at the step sizes of `bench/packed_step.py`. The kernel
@@ -26,6 +28,7 @@ from harness import conditions
 from packed_step import RERANK
 
 HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128
+GATHER = "gather + FA3 varlen (before b774478)"
 STEP_TOKENS = (145, 2710, 8192, 16384)
 
 
@@ -42,22 +45,15 @@ def timed_us(run: Callable[[], object], repeats: int = 50) -> float:
     return start.elapsed_time(end) / repeats * 1e3
 
 
-def page_table(kv_index: np.ndarray, cu_k: np.ndarray, max_k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each group's key rows as one-row pages, padded with row 0 (never read: ``seqused_k``)."""
-    lengths = np.diff(cu_k)
-    table = np.zeros((len(lengths), max_k), dtype=np.int32)
-    table[np.arange(max_k)[None, :] < lengths[:, None]] = kv_index
-    return table, lengths.astype(np.int32)
-
-
 def variants(tokens: int) -> dict[str, dict[str, float]]:
-    from vllm.vllm_flash_attn import flash_attn_varlen_func
-
     from scoring_plugin.models.packed_attention import DevicePlan, PairAttention
     from scoring_plugin.packing import AttentionPlan
 
     device = torch.device("cuda")
-    plan = DevicePlan.of(AttentionPlan.build(RERANK.layouts_for(tokens)), device)
+    host_plan = AttentionPlan.build(RERANK.layouts_for(tokens))
+    plan = DevicePlan.of(host_plan, device)  # no dtype: gather indices
+    paged = DevicePlan.of(host_plan, device, torch.bfloat16)  # what the server's layers get
+    assert plan.kv_index is not None and paged.pages is not None
     torch.manual_seed(0)
     qkv = torch.randn(tokens, (HEADS + 2 * KV_HEADS) * HEAD_DIM, device=device, dtype=torch.bfloat16)
     q, k, v = qkv.split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=1)
@@ -81,27 +77,17 @@ def variants(tokens: int) -> dict[str, dict[str, float]]:
 
         return run
 
-    table, used = page_table(plan.plan.kv_index, plan.plan.cu_k, plan.max_k)
-    table_d, used_d = torch.from_numpy(table).to(device), torch.from_numpy(used).to(device)
-
-    def paged() -> object:
-        return flash_attn_varlen_func(
-            q3, k.view(tokens, 1, KV_HEADS, HEAD_DIM), v.view(tokens, 1, KV_HEADS, HEAD_DIM),
-            plan.max_q, plan.cu_q, plan.max_k, seqused_k=used_d, block_table=table_d,
-            softmax_scale=scale, causal=True, out=out.view(tokens, HEADS, HEAD_DIM), fa_version=3,
-        )
-
     def gather_only() -> object:
         return (k.view(tokens, KV_HEADS, HEAD_DIM).index_select(0, plan.kv_index),
                 v.view(tokens, KV_HEADS, HEAD_DIM).index_select(0, plan.kv_index))
 
     runs: dict[str, Callable[[], object]] = {
-        "today: gather + FA3 varlen": lambda: attention(q, k, v, plan, out),
+        GATHER: lambda: attention(q, k, v, plan, out),
         "the gather alone": gather_only,
         "FA3 pack_gqa on": fa3(True, 0),
         "FA3 pack_gqa off": fa3(False, 0),
         "FA3 num_splits 1": fa3(None, 1),
-        "one-row pages, no gather": paged,
+        "one-row pages, no gather (served)": lambda: attention(q, k, v, paged, out),
     }
     rows: dict[str, dict[str, float]] = {}
     for name, run in runs.items():
@@ -124,11 +110,11 @@ def main() -> None:
     args = parser.parse_args()
     report = {"conditions": conditions(), "shapes": {"heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
               "head_tokens": RERANK.head, "segment_tokens": RERANK.segment}, "steps": {}}
-    lines = ["| step tokens | variant | us per layer | x today | max abs diff vs today |", "|---|---|---|---|---|"]
+    lines = ["| step tokens | variant | us per layer | x gather | max abs diff vs gather |", "|---|---|---|---|---|"]
     for tokens in STEP_TOKENS:
         rows = variants(tokens)
         report["steps"][tokens] = rows
-        today = rows["today: gather + FA3 varlen"]["us"]
+        today = rows[GATHER]["us"]
         for name, row in rows.items():
             if "error" in row:
                 lines.append(f"| {tokens} | {name} | refused: {row['error']} | | |")

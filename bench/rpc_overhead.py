@@ -6,11 +6,12 @@ above the sum of our server's stages on the H200 host; this says how much of tha
 gRPC call pays and how much our interceptors add. Servers run in turn within each round, the
 order alternating between rounds; each is timed back to back and with the client idle between
 calls (what a c=1 call finds on a host that slows down after a wait). A profile to choose the
-next change by, not a throughput claim. ``--base-site DIR`` adds our interceptors as another
+next change by, not a throughput claim. ``--breakdown`` adds servers with each interceptor
+alone and ours with the access-log line off. ``--base-site DIR`` adds our interceptors as another
 build has them (its packages installed to DIR; a build from this bench's commit on, which has
 ``scoring_server.app.interceptors``), for a change measured against its base in one run.
 
-    python bench/rpc_overhead.py [--calls 2000] [--rounds 4] [--idle-ms 8] [--base-site DIR] [--out FILE.json]
+    python bench/rpc_overhead.py [--calls 2000] [--rounds 4] [--idle-ms 8] [--breakdown] [--base-site DIR] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -28,21 +29,44 @@ from typing import Any
 from harness import free_port, log, site_environment, start, stop
 
 BARE, OURS, BASE = "bare grpc.aio", "with our interceptors", "with the base build's interceptors"
+# --breakdown: which part of our interceptors costs what.
+NOOP, ERRORS, TELEMETRY, UNLOGGED = (
+    "two interceptors that do nothing", "error mapping alone", "telemetry alone", "ours, access log off",
+)
+BREAKDOWN = (NOOP, ERRORS, TELEMETRY, UNLOGGED)
 METHOD = "/scoring.bench.Echo/Call"  # not one of the services our access log leaves out
 PAYLOAD = b"x" * 256
 
 
-async def serve(port: int, ours: bool) -> None:
+async def serve(port: int, mode: str) -> None:
+    import logging
+
     import grpc
 
     interceptors: list[grpc.aio.ServerInterceptor] = []
-    if ours:  # what ScoringServer installs (no auth), logging as its CLI configures it
+    if mode != BARE:  # as ScoringServer installs them (no auth), logging as its CLI configures it
         from scoring_server.app import interceptors as server_interceptors
         from scoring_server.cli import configure_logging
+        from scoring_server.errors import ErrorMappingInterceptor
+        from scoring_server.interception import BehaviorInterceptor
         from scoring_server.security import AuthSettings
+        from scoring_server.telemetry import TelemetryInterceptor
+
+        class Passing(BehaviorInterceptor):
+            def wrap_unary(self, behavior: Any, method: str) -> Any:
+                async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                    return await behavior(request, context)
+
+                return wrapped
 
         configure_logging("info", "text")
-        interceptors = server_interceptors(AuthSettings())
+        interceptors = {
+            NOOP: lambda: [Passing(), Passing()],
+            ERRORS: lambda: [ErrorMappingInterceptor()],
+            TELEMETRY: lambda: [TelemetryInterceptor()],
+        }.get(mode, lambda: server_interceptors(AuthSettings()))()
+        if mode == UNLOGGED:
+            logging.getLogger("scoring_server.access").setLevel(logging.WARNING)
 
     async def echo(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return request
@@ -79,7 +103,7 @@ async def timed_calls(port: int, calls: int, idle_s: float) -> list[float]:
 async def measure(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
     """Latencies by server and idle time (ms), pooled over the rounds."""
     work = Path(tempfile.mkdtemp(prefix="rpc-overhead-"))
-    servers = (BARE, OURS, BASE) if args.base_site else (BARE, OURS)
+    servers = (BARE, OURS) + ((BASE,) if args.base_site else ()) + (BREAKDOWN if args.breakdown else ())
     ports = {name: free_port() for name in servers}
     processes = [
         start([sys.executable, __file__, "--serve", OURS if name == BASE else name, "--port", str(ports[name])],
@@ -108,11 +132,13 @@ def main() -> None:
     parser.add_argument("--idle-ms", type=float, default=8.0, help="the client's wait between calls, second column")
     parser.add_argument("--out", type=Path, help="also write the table as JSON here")
     parser.add_argument("--base-site", help="also our interceptors from the packages installed in this directory")
-    parser.add_argument("--serve", choices=(BARE, OURS), help=argparse.SUPPRESS)
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also servers with each interceptor alone, and ours with the access log off")
+    parser.add_argument("--serve", choices=(BARE, OURS, *BREAKDOWN), help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        asyncio.run(serve(args.port, args.serve == OURS))
+        asyncio.run(serve(args.port, args.serve))
         return
     results = asyncio.run(measure(args))
     rows: dict[str, dict[str, Any]] = {}

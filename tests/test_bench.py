@@ -229,13 +229,15 @@ def test_gc_pause_bench_prints_its_table(tmp_path: Path) -> None:
 
 
 def test_rpc_overhead_bench_times_each_server(tmp_path: Path) -> None:
-    """Both servers answer (the echo comes back whole) back to back and after an idle; a base
-    build's interceptors are a third server, here this build's own packages again."""
+    """Every server answers (the echo comes back whole) back to back and after an idle; a base
+    build's interceptors are a third server, here this build's own packages again, and
+    ``--breakdown`` adds each interceptor alone and ours without the access-log line."""
     out = tmp_path / "rpc.json"
-    done = _bench("rpc_overhead.py", "--calls", "20", "--rounds", "2", "--idle-ms", "1",
+    done = _bench("rpc_overhead.py", "--calls", "20", "--rounds", "2", "--idle-ms", "1", "--breakdown",
                   "--base-site", str(REPO / "server" / "src"), "--out", str(out), timeout=600)
     rows = json.loads(out.read_text())["rows"]
-    servers = ("bare grpc.aio", "with our interceptors", "with the base build's interceptors")
+    servers = ("bare grpc.aio", "with our interceptors", "with the base build's interceptors",
+               "two interceptors that do nothing", "error mapping alone", "telemetry alone", "ours, access log off")
     assert set(rows) == {f"{server}, idle {idle} ms" for server in servers for idle in ("0", "1")}
     assert all(row["calls"] == 40 and row["p50_us"] > 0 for row in rows.values())
     assert "| with our interceptors, idle 0 ms |" in done.stdout

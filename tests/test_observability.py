@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 
 import grpc
@@ -130,3 +132,40 @@ def test_one_json_log_line_per_call_with_status(demo_server: RunningServer, chan
     assert ok[0]["items"] == len(DOCS) and ok[0]["prompt_tokens"] > 0
     assert {"parse_ms", "preprocess_ms", "engine_ms", "postprocess_ms", "duration_ms"} <= set(ok[0])
     assert bad[0]["code"] == "INVALID_ARGUMENT"
+
+
+class _Context:
+    """What the telemetry interceptor reads of a call's context."""
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:5555"
+
+    def invocation_metadata(self) -> tuple[()]:
+        return ()
+
+
+def _access_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "scoring_server.access"]
+
+
+def test_the_log_line_is_written_after_the_handler_has_returned(caplog: pytest.LogCaptureFixture) -> None:
+    """The line waits for the loop's next turn: after the handler returns, gRPC sends the reply
+    before its task yields, so no caller waits for its own log line. It is still written, once,
+    whole; and not even built where the access log is off."""
+    from scoring_server.telemetry import _recording
+
+    async def call() -> tuple[list[str], list[str]]:
+        with _recording("/scoring.v1.RerankService/Rerank", _Context()):  # type: ignore[arg-type]
+            pass
+        inline = _access_lines(caplog)
+        await asyncio.sleep(0)
+        return inline, _access_lines(caplog)
+
+    with caplog.at_level(logging.INFO, logger="scoring_server.access"):
+        inline, later = asyncio.run(call())
+    assert inline == []
+    assert len(later) == 1 and later[0].startswith("rpc=scoring.v1.RerankService/Rerank code=OK duration_ms=")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="scoring_server.access"):
+        asyncio.run(call())
+    assert _access_lines(caplog) == []
