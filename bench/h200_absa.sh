@@ -21,6 +21,9 @@
 #                                   # the base at c=1 and 32, twice, each first once (~11 min:
 #                                   # past one call's 10 minutes: AB_ROUNDS=1 in one call, then
 #                                   # AB_FROM=2 AB_ROUNDS=2 in the next)
+#   sh bench/h200_absa.sh rpc       # what a unary call pays for gRPC on this host: bare grpc.aio,
+#                                   # our interceptors, the base build's (.whl-base) and each part
+#                                   # alone (bench/rpc_overhead.py --breakdown, ~2 min)
 #   sh bench/h200_absa.sh steps     # one packed step in the model by token count, fp32 (with
 #                                   # TF32 matmuls for comparison) and bf16, kernels of one call's
 #                                   # step from the torch profiler (bench/packed_step.py, ~4 min)
@@ -90,6 +93,11 @@ ab)
         python3 absa.py --systems "$order" --base-site /tmp/site-base --concurrency 1,32 \
             --seconds-per-level 8 --work /tmp/bw --out "$OUT/ab-$round" 2>&1 | grep -A14 "^| system"
     done
+    ;;
+rpc)
+    python3 -m pip install -q --no-deps --upgrade --target /tmp/site-base ../.whl-base/*.whl
+    python3 rpc_overhead.py --rounds 4 --calls 1500 --breakdown --base-site /tmp/site-base \
+        --out "$OUT/rpc-overhead.json" 2>&1 | grep "^|"
     ;;
 steps)
     for model in absa-fp32 absa-bf16; do
