@@ -134,12 +134,15 @@ def test_key_pages_hold_each_groups_keys_in_order() -> None:
 def test_device_plan_sends_pages_instead_of_gather_indices_where_flash_reads_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Pages travel only where flash-attention runs and a head is shared; else the gather
-    indices, as the padded path and the captured graphs read them."""
+    """Pages travel only where flash-attention 3 runs (version 2's pages hold 256 rows) and a
+    head is shared; else the gather indices, as the padded path and the captured graphs read them."""
     cpu = torch.device("cpu")
     shared, headless = AttentionPlan.build([[3, 2, 4]]), AttentionPlan.build([[0, 4, 2]])
     assert DevicePlan.of(shared, cpu, torch.bfloat16).pages is None  # no flash-attention here
     monkeypatch.setattr("scoring_plugin.models.packed_attention.flash_runs", lambda device, dtype: True)
+    monkeypatch.setattr("scoring_plugin.models.packed_attention._flash_varlen", lambda: (None, 2))
+    assert DevicePlan.of(shared, cpu, torch.bfloat16).pages is None
+    monkeypatch.setattr("scoring_plugin.models.packed_attention._flash_varlen", lambda: (None, 3))
     paged = DevicePlan.of(shared, cpu, torch.bfloat16)
     pages, counts = shared.key_pages()
     assert paged.kv_index is None and paged.pages is not None and paged.key_counts is not None

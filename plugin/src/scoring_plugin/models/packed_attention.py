@@ -52,7 +52,7 @@ class DevicePlan:
         keys go as pages instead of gather indices (`bench/attention_variants.py`: the gather
         was a sixth of a large step's attention, and paged reads cost the kernel nothing)."""
         arrays = [plan.positions, plan.score_rows, plan.cu_q, plan.cu_k]
-        paged = dtype is not None and plan.shares_heads and flash_runs(device, dtype)
+        paged = dtype is not None and plan.shares_heads and flash_reads_pages(device, dtype)
         if paged:
             pages, key_counts = plan.key_pages()
             positions, score_rows, cu_q, cu_k, flat_pages, counts = to_device([*arrays, pages.reshape(-1), key_counts], device)
@@ -136,6 +136,13 @@ def flash_runs(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether :class:`PairAttention` runs flash-attention on activations of this kind (else
     padded SDPA batches)."""
     return device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and flash_available()
+
+
+def flash_reads_pages(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether flash-attention reads keys through one-row pages here: version 3 (Hopper), whose
+    non-TMA paged path takes any page size; version 2's pages must hold 256 rows."""
+    flash = _flash_varlen()
+    return flash_runs(device, dtype) and flash is not None and flash[1] == 3
 
 
 class PairAttention(nn.Module):
