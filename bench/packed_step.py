@@ -145,10 +145,10 @@ def main() -> None:
         for tokens in sizes:
             layouts = workload.layouts_for(tokens)
             host_plan = AttentionPlan.build(layouts)
-            plan = DevicePlan.of(host_plan, device)
-            count = int(plan.positions.shape[0])
+            count = int(host_plan.positions.shape[0])
             ids = torch.randint(0, 1000, (count,), device=device)
             hidden = model.embed_input_ids(ids)
+            plan = DevicePlan.of(host_plan, device, hidden.dtype)  # as the server's eager layers get it
             row: dict[str, Any] = {"tokens": count, "calls": len(layouts), "pairs": sum(len(l) - 1 for l in layouts)}
 
             def eager(hidden: torch.Tensor = hidden, plan: DevicePlan = plan) -> tuple[torch.Tensor, torch.Tensor]:
