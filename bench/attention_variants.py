@@ -21,7 +21,6 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from harness import conditions
@@ -64,10 +63,13 @@ def variants(tokens: int) -> dict[str, dict[str, float]]:
     q3 = q.view(tokens, HEADS, HEAD_DIM)
     scale = HEAD_DIM**-0.5
 
+    def gathered() -> tuple[torch.Tensor, torch.Tensor]:
+        return (k.view(tokens, KV_HEADS, HEAD_DIM).index_select(0, plan.kv_index),
+                v.view(tokens, KV_HEADS, HEAD_DIM).index_select(0, plan.kv_index))
+
     def fa3(pack_gqa: bool | None, num_splits: int) -> Callable[[], object]:
         def run() -> object:
-            k_rows = k.view(tokens, KV_HEADS, HEAD_DIM).index_select(0, plan.kv_index)
-            v_rows = v.view(tokens, KV_HEADS, HEAD_DIM).index_select(0, plan.kv_index)
+            k_rows, v_rows = gathered()
             return torch.ops._vllm_fa3_C.fwd(
                 q3, k_rows, v_rows, None, None, None, out.view(tokens, HEADS, HEAD_DIM),
                 plan.cu_q, plan.cu_k, None, None, None, plan.max_q, plan.max_k, None, None, None,
@@ -77,13 +79,9 @@ def variants(tokens: int) -> dict[str, dict[str, float]]:
 
         return run
 
-    def gather_only() -> object:
-        return (k.view(tokens, KV_HEADS, HEAD_DIM).index_select(0, plan.kv_index),
-                v.view(tokens, KV_HEADS, HEAD_DIM).index_select(0, plan.kv_index))
-
     runs: dict[str, Callable[[], object]] = {
         GATHER: lambda: attention(q, k, v, plan, out),
-        "the gather alone": gather_only,
+        "the gather alone": gathered,
         "FA3 pack_gqa on": fa3(True, 0),
         "FA3 pack_gqa off": fa3(False, 0),
         "FA3 num_splits 1": fa3(None, 1),

@@ -163,7 +163,6 @@ class PairAttention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.causal, self.window = causal, window
         self.scale = head_dim**-0.5
-        self._flash = _flash_varlen()
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DevicePlan, out: torch.Tensor) -> None:
         """Writes the attention of the plan's rows into ``out`` ([tokens, heads * head_dim])."""
@@ -190,8 +189,9 @@ class PairAttention(nn.Module):
         **keys: torch.Tensor | None,
     ) -> None:
         """One flash-attention varlen call over the step; ``keys`` say where each group's keys are."""
-        assert self._flash is not None
-        varlen, version = self._flash
+        flash = _flash_varlen()
+        assert flash is not None
+        varlen, version = flash
         kwargs: dict[str, object] = {} if version is None else {"fa_version": version}
         if self.window is not None:
             kwargs["window_size"] = [self.window, self.window]
