@@ -1,10 +1,11 @@
-"""What one layer's pair attention costs on the GPU, by the way a shared head's keys reach
-flash-attention: gathered (``index_select`` of K and V through the plan's ``kv_index``, then a
-varlen call: the layers' path before b774478, and inside captured whole-step graphs still),
-against read in place through a page table of one-row pages (flash-attention 3's non-TMA paged
-path: what :class:`~scoring_plugin.models.packed_attention.DevicePlan` sends the layers now),
-and flash-attention 3's own knobs (``pack_gqa``, ``num_splits``) on the gather path. Each
-variant's output is checked against the gather path's.
+"""What one layer's pair attention costs on the GPU, by the way it reads a shared head's keys:
+flash-attention 3 after a gather (``index_select`` of K and V through the plan's ``kv_index``:
+the layers' path before b774478, and inside captured whole-step graphs still), flash-attention 3
+through a page table of one-row pages (b774478), flash-attention 3's own knobs (``pack_gqa``,
+``num_splits``) on the gather path, and the Triton segment kernel
+(:mod:`scoring_plugin.models.segment_attention`: what
+:class:`~scoring_plugin.models.packed_attention.DevicePlan` sends the eager layers now) at its
+served tiling and others. Each variant's output is checked against the gather path's.
 
 Rerank's shapes (Qwen3-0.6B: 16 query heads, 8 KV heads, head size 128; a 10-token shared head
 and 135-token segments, 20 per call) at the step sizes of `bench/packed_step.py`. The kernel
@@ -19,16 +20,28 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from harness import conditions
+from scoring_plugin.models.segment_attention import Tiling
 from packed_step import RERANK
 
 HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128
 GATHER = "gather + FA3 varlen (before b774478)"
 STEP_TOKENS = (145, 2710, 8192, 16384)
+# The segment kernel's launch shapes tried beside the served default.
+TILINGS = [
+    Tiling(block_m=m, block_n=n, num_warps=w, num_stages=s)
+    for m, n, w, s in ((64, 32, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2), (64, 64, 8, 2), (128, 64, 8, 2),
+                       (128, 64, 4, 2), (128, 128, 8, 2), (32, 64, 4, 2), (16, 64, 4, 2))
+]
+
+
+def tiling_name(tiling: Tiling) -> str:
+    return f"{tiling.block_m}x{tiling.block_n} w{tiling.num_warps} s{tiling.num_stages}"
 
 
 def timed_us(run: Callable[[], object], repeats: int = 50) -> float:
@@ -46,13 +59,16 @@ def timed_us(run: Callable[[], object], repeats: int = 50) -> float:
 
 def variants(tokens: int) -> dict[str, dict[str, float]]:
     from scoring_plugin.models.packed_attention import DevicePlan, PairAttention
+    from scoring_plugin.models.segment_attention import segment_attention
     from scoring_plugin.packing import AttentionPlan
 
     device = torch.device("cuda")
     host_plan = AttentionPlan.build(RERANK.layouts_for(tokens))
     plan = DevicePlan.of(host_plan, device)  # no dtype: gather indices
-    paged = DevicePlan.of(host_plan, device, torch.bfloat16)  # what the server's layers get
-    assert plan.kv_index is not None and paged.pages is not None
+    pages, key_counts = (torch.from_numpy(a).to(device) for a in host_plan.key_pages())
+    paged = replace(plan, kv_index=None, pages=pages, key_counts=key_counts)
+    served = DevicePlan.of(host_plan, device, torch.bfloat16)  # what the server's layers get
+    assert plan.kv_index is not None and served.key_starts is not None
     torch.manual_seed(0)
     qkv = torch.randn(tokens, (HEADS + 2 * KV_HEADS) * HEAD_DIM, device=device, dtype=torch.bfloat16)
     q, k, v = qkv.split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=1)
@@ -79,19 +95,26 @@ def variants(tokens: int) -> dict[str, dict[str, float]]:
 
         return run
 
+    def segments(tiling: Tiling) -> Callable[[], object]:
+        return lambda: segment_attention(q, k, v, out, served.cu_q, served.cu_k, served.key_starts, served.max_q,
+                                         HEADS, KV_HEADS, scale, tiling)
+
     runs: dict[str, Callable[[], object]] = {
         GATHER: lambda: attention(q, k, v, plan, out),
         "the gather alone": gathered,
         "FA3 pack_gqa on": fa3(True, 0),
         "FA3 pack_gqa off": fa3(False, 0),
         "FA3 num_splits 1": fa3(None, 1),
-        "one-row pages, no gather (served)": lambda: attention(q, k, v, paged, out),
+        "one-row pages, no gather (b774478)": lambda: attention(q, k, v, paged, out),
+        f"Triton segment kernel {tiling_name(Tiling())} (served)": lambda: attention(q, k, v, served, out),
     }
+    for tiling in TILINGS:
+        runs[f"Triton segment kernel {tiling_name(tiling)}"] = segments(tiling)
     rows: dict[str, dict[str, float]] = {}
     for name, run in runs.items():
         try:
             us = timed_us(run)
-        except (RuntimeError, TypeError) as error:  # a variant this build refuses: say so, go on
+        except Exception as error:  # noqa: BLE001  # a variant this build refuses: say so, go on
             rows[name] = {"error": str(error)[:200]}  # type: ignore[dict-item]
             continue
         row = {"us": us}

@@ -27,6 +27,8 @@
 #   sh bench/h200_absa.sh steps     # one packed step in the model by token count, fp32 (with
 #                                   # TF32 matmuls for comparison) and bf16, kernels of one call's
 #                                   # step from the torch profiler (bench/packed_step.py, ~4 min)
+# The base build's wheels come from .whl-base, or the directory WHL_BASE names (relative to the
+# project's root), so one staging can hold two bases.
 set -eu
 . bench/h200_env.sh
 cd bench
@@ -81,7 +83,7 @@ inline)
     done
     ;;
 ab)
-    python3 -m pip install -q --no-deps --upgrade --target /tmp/site-base ../.whl-base/*.whl
+    python3 -m pip install -q --no-deps --upgrade --target /tmp/site-base "../${WHL_BASE:-.whl-base}"/*.whl
     for build in base tree; do
         site=$([ "$build" = base ] && echo /tmp/site-base: || true)
         echo "host stages, $build:"
@@ -95,7 +97,7 @@ ab)
     done
     ;;
 rpc)
-    python3 -m pip install -q --no-deps --upgrade --target /tmp/site-base ../.whl-base/*.whl
+    python3 -m pip install -q --no-deps --upgrade --target /tmp/site-base "../${WHL_BASE:-.whl-base}"/*.whl
     python3 rpc_overhead.py --rounds 4 --calls 1500 --breakdown --base-site /tmp/site-base \
         --out "$OUT/rpc-overhead.json" 2>&1 | grep "^|"
     ;;

@@ -15,6 +15,8 @@
 #                                     # base commit) in one run: c=1/16/64 at 20 documents, c=1 at
 #                                     # one document (~4 min per round; AB_ROUNDS rounds, default
 #                                     # 1, from AB_FROM; odd rounds run this tree first)
+# The base build's wheels come from .whl-base, or the directory WHL_BASE names (relative to the
+# project's root), so one staging can hold two bases.
 set -eu
 . bench/h200_env.sh
 cd bench
@@ -52,7 +54,7 @@ inline)
         --work /tmp/bw --out "$OUT" 2>&1 | grep -A14 "^| system"
     ;;
 ab)
-    python3 -m pip install -q --no-deps --upgrade --target /tmp/site-base ../.whl-base/*.whl
+    python3 -m pip install -q --no-deps --upgrade --target /tmp/site-base "../${WHL_BASE:-.whl-base}"/*.whl
     for round in $(seq "${AB_FROM:-1}" "${AB_ROUNDS:-1}"); do  # odd rounds run this tree first, even ones the base
         order=$([ $((round % 2)) = 1 ] && echo grpc,grpc-base || echo grpc-base,grpc)
         python3 rerank.py --systems "$order" --base-site /tmp/site-base --docs-sweep 1 --seconds-per-level 8 \

@@ -131,6 +131,38 @@ def test_key_pages_hold_each_groups_keys_in_order() -> None:
     assert not AttentionPlan.build([[0, 4, 2]]).shares_heads  # every group reads its own rows
 
 
+def test_key_starts_with_the_boundaries_say_where_every_groups_keys_are() -> None:
+    """The segment kernel reads a group's keys as a prefix run from its key start, then its own
+    rows: the plan's gather indices exactly, for any layouts."""
+    plan = AttentionPlan.build([[3, 2, 4], [0, 5]])
+    assert plan.key_starts().dtype == np.int32
+    assert plan.key_starts().tolist() == [0, 0, 0, 9]
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        layouts = [[int(rng.integers(0, 4)), *rng.integers(1, 6, size=int(rng.integers(1, 4))).tolist()]
+                   for _ in range(int(rng.integers(1, 4)))]
+        plan = AttentionPlan.build(layouts)
+        starts = plan.key_starts()
+        for g in range(len(starts)):
+            q_rows = list(range(plan.cu_q[g], plan.cu_q[g + 1]))
+            prefix = int(plan.cu_k[g + 1] - plan.cu_k[g]) - len(q_rows)
+            keys = list(range(starts[g], starts[g] + prefix)) + q_rows
+            assert keys == plan.kv_index[plan.cu_k[g] : plan.cu_k[g + 1]].tolist(), layouts
+
+
+def test_device_plan_sends_key_starts_where_the_segment_kernel_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where Triton runs the causal groups, the plan travels without gather indices or pages."""
+    cpu = torch.device("cpu")
+    plan = AttentionPlan.build([[3, 2, 4], [0, 5]])
+    assert DevicePlan.of(plan, cpu, torch.bfloat16).key_starts is None  # CPU: the padded path
+    monkeypatch.setattr("scoring_plugin.models.packed_attention.segments_run", lambda device, dtype: True)
+    sent = DevicePlan.of(plan, cpu, torch.bfloat16)
+    assert sent.kv_index is None and sent.pages is None and sent.key_starts is not None
+    assert sent.key_starts.tolist() == plan.key_starts().tolist()
+    assert sent.cu_k.tolist() == plan.cu_k.tolist() and sent.score_rows.tolist() == plan.score_rows.tolist()
+    assert DevicePlan.of(plan, cpu).key_starts is None  # no dtype given: gather indices
+
+
 def test_device_plan_sends_pages_instead_of_gather_indices_where_flash_reads_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -106,6 +106,14 @@ class AttentionPlan:
         pages[np.arange(self.max_k) < counts[:, None]] = self.kv_index
         return pages, counts
 
+    def key_starts(self) -> np.ndarray:
+        """Each group's first key row, int32: where its prefix (its request's head) starts for a
+        segment; for a head or a headless pair, its own first row (it has no prefix). With
+        ``cu_q`` and ``cu_k`` this says where every group's keys are without ``kv_index``: the
+        prefix is one run of rows, the group's own rows follow
+        (:mod:`scoring_plugin.models.segment_attention`)."""
+        return self.kv_index[self.cu_k[:-1]].astype(np.int32)
+
     @classmethod
     def build(cls, layouts: Sequence[Sequence[int]]) -> AttentionPlan:
         """Layouts of the step's requests, in the order of their tokens.

@@ -9,7 +9,7 @@ fp16/bf16 one flash-attention varlen call covers the step, a query group per pai
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,6 +41,9 @@ class DevicePlan:
     # ([groups, max_k] int32) and its key count, so the rows are read in place (no gather).
     pages: torch.Tensor | None = None
     key_counts: torch.Tensor | None = None
+    # Where the Triton kernel runs causal groups: each group's first key row (the start of its
+    # prefix, :meth:`AttentionPlan.key_starts`), int32; neither kv_index nor pages are needed.
+    key_starts: torch.Tensor | None = None
     # The plan as padded batches for the SDPA path, per (causal, window): built at the step's
     # first layer, reused by the rest.
     batches: dict[tuple[bool, int | None], list[PaddedGroups]] = field(default_factory=dict, compare=False)
@@ -52,6 +55,9 @@ class DevicePlan:
         keys go as pages instead of gather indices (`bench/attention_variants.py`: the gather
         was a sixth of a large step's attention, and paged reads cost the kernel nothing)."""
         arrays = [plan.positions, plan.score_rows, plan.cu_q, plan.cu_k]
+        if dtype is not None and segments_run(device, dtype):
+            positions, score_rows, cu_q, cu_k, key_starts = to_device([*arrays, plan.key_starts()], device)
+            return cls(plan, positions, None, cu_q, cu_k, score_rows, plan.max_q, plan.max_k, key_starts=key_starts)
         paged = dtype is not None and plan.shares_heads and flash_reads_pages(device, dtype)
         if paged:
             pages, key_counts = plan.key_pages()
@@ -145,6 +151,21 @@ def flash_reads_pages(device: torch.device, dtype: torch.dtype) -> bool:
     return flash_runs(device, dtype) and flash is not None and flash[1] == 3
 
 
+@functools.cache
+def _segment_kernel() -> Callable[..., None] | None:
+    """The Triton kernel for causal groups (:mod:`.segment_attention`), where Triton imports."""
+    try:
+        from scoring_plugin.models.segment_attention import segment_attention
+    except ImportError:
+        return None
+    return segment_attention
+
+
+def segments_run(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether :class:`PairAttention` runs causal groups as the Triton segment kernel here."""
+    return device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and _segment_kernel() is not None
+
+
 class PairAttention(nn.Module):
     """Grouped-query attention inside each query group of the step's plan.
 
@@ -166,6 +187,12 @@ class PairAttention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DevicePlan, out: torch.Tensor) -> None:
         """Writes the attention of the plan's rows into ``out`` ([tokens, heads * head_dim])."""
+        if self.causal and plan.key_starts is not None:  # prefix and own rows read in place
+            kernel = _segment_kernel()
+            assert kernel is not None
+            kernel(q, k, v, out, plan.cu_q, plan.cu_k, plan.key_starts, plan.max_q,
+                   self.num_heads, self.num_kv_heads, self.scale)
+            return
         tokens = q.shape[0]
         q = q.view(tokens, self.num_heads, self.head_dim)
         out = out.view(tokens, self.num_heads, self.head_dim)

@@ -1,0 +1,129 @@
+"""Causal pair attention as one Triton kernel, shaped for packed rerank steps.
+
+A packed rerank step is many short query groups (a ~135-token segment each) that read a short
+shared head (their request's prompt prefix and query) in full, then their own rows causally.
+flash-attention runs that as a general varlen problem: 128-row query tiles (the second one of a
+135-row segment is nearly empty), and the head's keys reached through a gather or a page table.
+On the H200 that left a 16k-token step's attention at ~6% of the GPU's bf16 FLOPs and ~4x its
+memory bound (``bench/attention_variants.py``). This kernel knows the shape: a program per
+(query block, query head, group) reads the head's rows where they are (one contiguous run
+starting at the group's first key row), then its own rows up to the diagonal, with smaller
+tiles. The grid orders a group's programs next to each other, so its keys come from L2 after
+the first read.
+
+The plan describes every causal group this way (:class:`~scoring_plugin.packing.AttentionPlan`):
+group ``g``'s keys are ``k_len - q_len`` prefix rows from ``key_starts[g]`` (none for a head or
+a headless pair), then its own ``q_len`` rows, causally aligned to the group's end.
+
+Imported only where it runs (CUDA), or on the CPU under ``TRITON_INTERPRET=1`` (the tests).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = math.log2(math.e)
+
+
+@dataclass(frozen=True, slots=True)
+class Tiling:
+    """Launch shape of :func:`segment_attention`: query rows and key rows per tile, and the
+    kernel's warps and pipeline stages."""
+
+    block_m: int = 64
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+@triton.jit
+def _attend_block(
+    acc, row_max, row_sum, q, k_ptr, v_ptr, key_rows, key_ok, visible, k_stride, v_stride, dims, dim_ok,
+    scale_log2,
+):
+    """Online-softmax update of the query tile by one tile of keys (flash-attention's recurrence,
+    base 2). Every row has a visible key in the first tile it meets, so the running max is
+    finite from there on and masked scores contribute exp2(-inf) = 0."""
+    keys = tl.load(k_ptr + key_rows[None, :] * k_stride + dims[:, None], mask=key_ok[None, :] & dim_ok[:, None],
+                   other=0.0)
+    scores = tl.dot(q, keys) * scale_log2
+    scores = tl.where(visible, scores, float("-inf"))
+    new_max = tl.maximum(row_max, tl.max(scores, 1))
+    rescale = tl.exp2(row_max - new_max)
+    weights = tl.exp2(scores - new_max[:, None])
+    values = tl.load(v_ptr + key_rows[:, None] * v_stride + dims[None, :], mask=key_ok[:, None] & dim_ok[None, :],
+                     other=0.0)
+    acc = acc * rescale[:, None] + tl.dot(weights.to(values.dtype), values)
+    return acc, new_max, row_sum * rescale + tl.sum(weights, 1)
+
+
+@triton.jit
+def _segment_attention_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, cu_q_ptr, cu_k_ptr, key_starts_ptr,
+    q_stride, k_stride, v_stride, out_stride, scale_log2,
+    QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_TILE: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    block = tl.program_id(0)
+    head = tl.program_id(1)
+    group = tl.program_id(2)
+    q_start = tl.load(cu_q_ptr + group)
+    q_len = tl.load(cu_q_ptr + group + 1) - q_start
+    if block * BLOCK_M < q_len:
+        prefix_len = tl.load(cu_k_ptr + group + 1) - tl.load(cu_k_ptr + group) - q_len
+        prefix_start = tl.load(key_starts_ptr + group)
+        dims = tl.arange(0, DIM_TILE)
+        dim_ok = dims < HEAD_DIM  # all true, folded away, where HEAD_DIM is a power of two
+        rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < q_len
+        q = tl.load(q_ptr + (q_start + rows)[:, None] * q_stride + head * HEAD_DIM + dims[None, :],
+                    mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+        kv_column = (head // QUERIES_PER_KV) * HEAD_DIM
+        k_head, v_head = k_ptr + kv_column, v_ptr + kv_column
+        row_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        row_sum = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, DIM_TILE], tl.float32)
+        columns = tl.arange(0, BLOCK_N)
+        for start in range(0, prefix_len, BLOCK_N):  # the shared head: every key visible
+            key_ok = start + columns < prefix_len
+            acc, row_max, row_sum = _attend_block(
+                acc, row_max, row_sum, q, k_head, v_head, prefix_start + start + columns, key_ok,
+                key_ok[None, :], k_stride, v_stride, dims, dim_ok, scale_log2,
+            )
+        for start in range(0, tl.minimum((block + 1) * BLOCK_M, q_len), BLOCK_N):  # own rows, causal
+            own = start + columns
+            key_ok = own < q_len
+            acc, row_max, row_sum = _attend_block(
+                acc, row_max, row_sum, q, k_head, v_head, q_start + own, key_ok,
+                key_ok[None, :] & (own[None, :] <= rows[:, None]), k_stride, v_stride, dims, dim_ok, scale_log2,
+            )
+        acc = acc / row_sum[:, None]
+        tl.store(out_ptr + (q_start + rows)[:, None] * out_stride + head * HEAD_DIM + dims[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
+
+
+def segment_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    cu_q: torch.Tensor, cu_k: torch.Tensor, key_starts: torch.Tensor, max_q: int,
+    num_heads: int, num_kv_heads: int, scale: float, tiling: Tiling = Tiling(),
+) -> None:
+    """Writes the attention of every group's rows into ``out``. ``q``/``out``: [tokens, heads *
+    head_dim], ``k``/``v``: [tokens, kv_heads * head_dim], rows at any stride, columns dense."""
+    head_dim = q.shape[1] // num_heads
+    for name, tensor in (("q", q), ("k", k), ("v", v), ("out", out)):
+        if tensor.stride(1) != 1:
+            raise ValueError(f"segment_attention: {name}'s columns must be contiguous")
+    groups = cu_q.shape[0] - 1
+    grid = (triton.cdiv(max_q, tiling.block_m), num_heads, groups)
+    _segment_attention_kernel[grid](
+        q, k, v, out, cu_q, cu_k, key_starts, q.stride(0), k.stride(0), v.stride(0), out.stride(0),
+        scale * _LOG2E,
+        QUERIES_PER_KV=num_heads // num_kv_heads, HEAD_DIM=head_dim,
+        DIM_TILE=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_M=tiling.block_m, BLOCK_N=tiling.block_n, num_warps=tiling.num_warps, num_stages=tiling.num_stages,
+    )

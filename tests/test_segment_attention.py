@@ -1,0 +1,96 @@
+"""The Triton segment kernel (:mod:`scoring_plugin.models.segment_attention`) against the padded
+SDPA path, on this machine's CPU through Triton's interpreter.
+
+The interpreter is chosen when kernels are decorated (``TRITON_INTERPRET=1`` at import), and this
+process must not import Triton that way (vLLM checks Triton too), so the checks run in a child
+process: this file run as a script. fp32 and fp16 only: the interpreter's ``tl.dot`` gets bf16
+wrong (numpy has no bf16); the H200 checks bf16 (``bench/attention_variants.py``, ``rerank_check.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+# Layouts that reach every branch: heads with several segments, a headless pair (the profiling
+# run's shape), one-token segments, segments longer than a query tile, several requests.
+LAYOUTS = [
+    [[10, 135, 70, 3]],
+    [[0, 40]],
+    [[5, 17, 1], [0, 33], [12, 64, 65, 129]],
+    [[1, 1, 1]],
+]
+
+
+def _check() -> dict[str, float]:
+    """Max |kernel - reference| per (dtype, layout, tiling), on q/k/v cut from one fused
+    projection (row strides wider than their rows, as the layers hand them over)."""
+    import torch
+
+    from scoring_plugin.models.packed_attention import DevicePlan, PairAttention
+    from scoring_plugin.models.segment_attention import Tiling, segment_attention
+    from scoring_plugin.packing import AttentionPlan
+
+    heads, kv_heads, head_dim = 4, 2, 24  # grouped queries; a head size that is no power of two
+    cpu = torch.device("cpu")
+    generator = torch.Generator().manual_seed(0)
+    worst: dict[str, float] = {}
+    for dtype in (torch.float32, torch.float16):
+        for index, layouts in enumerate(LAYOUTS):
+            plan = AttentionPlan.build(layouts)
+            tokens = plan.positions.shape[0]
+            qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=generator).to(dtype)
+            q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=1)
+            expected = torch.zeros(tokens, heads * head_dim)
+            reference = PairAttention(heads, kv_heads, head_dim)
+            reference(q.float(), k.float(), v.float(), DevicePlan.of(plan, cpu), expected)
+            for tiling in (Tiling(block_m=16, block_n=16), Tiling(block_m=32, block_n=64)):
+                out = torch.full((tokens, heads * head_dim), float("nan"), dtype=dtype)
+                segment_attention(
+                    q, k, v, out, torch.from_numpy(plan.cu_q), torch.from_numpy(plan.cu_k),
+                    torch.from_numpy(plan.key_starts()), plan.max_q, heads, kv_heads, head_dim**-0.5, tiling,
+                )
+                key = f"{dtype} layout {index} tiles {tiling.block_m}x{tiling.block_n}"
+                worst[key] = float((out.float() - expected).abs().max())  # NaN if a row was left out
+    return worst
+
+
+@pytest.fixture(scope="module")
+def differences() -> dict[str, float]:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_every_case_ran(differences: dict[str, float]) -> None:
+    assert len(differences) == 2 * len(LAYOUTS) * 2
+
+
+@pytest.mark.parametrize(("dtype", "tolerance"), [("torch.float32", 1e-5), ("torch.float16", 3e-3)])
+def test_kernel_matches_the_padded_path(differences: dict[str, float], dtype: str, tolerance: float) -> None:
+    """Every row of every group written (the output starts as NaN), equal to the reference
+    within the dtype's rounding."""
+    cases = {key: diff for key, diff in differences.items() if key.startswith(dtype)}
+    assert cases and all(diff <= tolerance for diff in cases.values()), cases
+
+
+def test_columns_must_be_contiguous() -> None:
+    """A transposed view would be read as the wrong elements: refused before launch."""
+    pytest.importorskip("triton")
+    import torch
+
+    from scoring_plugin.models.segment_attention import segment_attention
+
+    q = torch.zeros(8, 4).t()
+    index = torch.zeros(2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="q's columns"):
+        segment_attention(q, q, q, q, index, index, index[:1], 4, 2, 1, 1.0)
+
+
+if __name__ == "__main__":
+    print(json.dumps(_check()))
