@@ -35,7 +35,7 @@ STEP_TOKENS = (145, 2710, 8192, 16384)
 # The segment kernel's launch shapes tried beside the served default.
 TILINGS = [
     Tiling(block_m=m, block_n=n, num_warps=w, num_stages=s)
-    for m, n, w, s in ((64, 32, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2), (64, 64, 8, 2), (128, 64, 8, 2),
+    for m, n, w, s in ((64, 64, 4, 2), (64, 32, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2), (64, 64, 8, 2), (128, 64, 8, 2),
                        (128, 64, 4, 2), (128, 128, 8, 2), (32, 64, 4, 2), (16, 64, 4, 2))
 ]
 
@@ -106,7 +106,8 @@ def variants(tokens: int) -> dict[str, dict[str, float]]:
         "FA3 pack_gqa off": fa3(False, 0),
         "FA3 num_splits 1": fa3(None, 1),
         "one-row pages, no gather (b774478)": lambda: attention(q, k, v, paged, out),
-        f"Triton segment kernel {tiling_name(Tiling())} (served)": lambda: attention(q, k, v, served, out),
+        f"Triton segment kernel {tiling_name(Tiling.for_step(tokens))} (served)":
+            lambda: attention(q, k, v, served, out),
     }
     for tiling in TILINGS:
         runs[f"Triton segment kernel {tiling_name(tiling)}"] = segments(tiling)
