@@ -1,11 +1,12 @@
 """What one layer's pair attention costs on the GPU, by the way it reads a shared head's keys:
 flash-attention 3 after a gather (``index_select`` of K and V through the plan's ``kv_index``:
-the layers' path before b774478, and inside captured whole-step graphs still), flash-attention 3
-through a page table of one-row pages (b774478), flash-attention 3's own knobs (``pack_gqa``,
-``num_splits``) on the gather path, and the Triton segment kernel
+the layers' path before b774478, and inside captured whole-step graphs still), flash-attention
+3's own knobs (``pack_gqa``, ``num_splits``) on the gather path, and the Triton segment kernel
 (:mod:`scoring_plugin.models.segment_attention`: what
 :class:`~scoring_plugin.models.packed_attention.DevicePlan` sends the eager layers now) at its
 served tiling and others. Each variant's output is checked against the gather path's.
+(flash-attention 3 through a page table of one-row pages, the layers' path from b774478 to
+0e97f62, is in `results/attention-variants-h200-run1{3,4}-bf16.md`.)
 
 Rerank's shapes (Qwen3-0.6B: 16 query heads, 8 KV heads, head size 128; a 10-token shared head
 and 135-token segments, 20 per call) at the step sizes of `bench/packed_step.py`. The kernel
@@ -20,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -65,8 +65,6 @@ def variants(tokens: int) -> dict[str, dict[str, float]]:
     device = torch.device("cuda")
     host_plan = AttentionPlan.build(RERANK.layouts_for(tokens))
     plan = DevicePlan.of(host_plan, device)  # no dtype: gather indices
-    pages, key_counts = (torch.from_numpy(a).to(device) for a in host_plan.key_pages())
-    paged = replace(plan, kv_index=None, pages=pages, key_counts=key_counts)
     served = DevicePlan.of(host_plan, device, torch.bfloat16)  # what the server's layers get
     assert plan.kv_index is not None and served.key_starts is not None
     torch.manual_seed(0)
@@ -105,7 +103,6 @@ def variants(tokens: int) -> dict[str, dict[str, float]]:
         "FA3 pack_gqa on": fa3(True, 0),
         "FA3 pack_gqa off": fa3(False, 0),
         "FA3 num_splits 1": fa3(None, 1),
-        "one-row pages, no gather (b774478)": lambda: attention(q, k, v, paged, out),
         f"Triton segment kernel {tiling_name(Tiling.for_step(tokens))} (served)":
             lambda: attention(q, k, v, served, out),
     }

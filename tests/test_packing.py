@@ -114,23 +114,6 @@ def test_attention_plan_of_two_requests() -> None:
     assert plan.segments == [2, 1]
 
 
-def test_key_pages_hold_each_groups_keys_in_order() -> None:
-    """Flash-attention's paged reads take a group's keys as its row of one-row pages: the same
-    rows as the gather indices, row 0 past them (never read: the key count stops there)."""
-    plan = AttentionPlan.build([[3, 2, 4], [0, 5]])
-    assert plan.shares_heads
-    pages, counts = plan.key_pages()
-    assert pages.dtype == np.int32 and counts.dtype == np.int32  # flash-attn's index type
-    assert counts.tolist() == [3, 5, 7, 5]
-    assert pages.tolist() == [
-        [0, 1, 2, 0, 0, 0, 0],
-        [0, 1, 2, 3, 4, 0, 0],
-        [0, 1, 2, 5, 6, 7, 8],
-        [9, 10, 11, 12, 13, 0, 0],
-    ]
-    assert not AttentionPlan.build([[0, 4, 2]]).shares_heads  # every group reads its own rows
-
-
 def test_key_starts_with_the_boundaries_say_where_every_groups_keys_are() -> None:
     """The segment kernel reads a group's keys as a prefix run from its key start, then its own
     rows: the plan's gather indices exactly, for any layouts."""
@@ -157,31 +140,10 @@ def test_device_plan_sends_key_starts_where_the_segment_kernel_runs(monkeypatch:
     assert DevicePlan.of(plan, cpu, torch.bfloat16).key_starts is None  # CPU: the padded path
     monkeypatch.setattr("scoring_plugin.models.packed_attention.segments_run", lambda device, dtype: True)
     sent = DevicePlan.of(plan, cpu, torch.bfloat16)
-    assert sent.kv_index is None and sent.pages is None and sent.key_starts is not None
+    assert sent.kv_index is None and sent.key_starts is not None
     assert sent.key_starts.tolist() == plan.key_starts().tolist()
     assert sent.cu_k.tolist() == plan.cu_k.tolist() and sent.score_rows.tolist() == plan.score_rows.tolist()
     assert DevicePlan.of(plan, cpu).key_starts is None  # no dtype given: gather indices
-
-
-def test_device_plan_sends_pages_instead_of_gather_indices_where_flash_reads_them(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Pages travel only where flash-attention 3 runs (version 2's pages hold 256 rows) and a
-    head is shared; else the gather indices, as the padded path and the captured graphs read them."""
-    cpu = torch.device("cpu")
-    shared, headless = AttentionPlan.build([[3, 2, 4]]), AttentionPlan.build([[0, 4, 2]])
-    assert DevicePlan.of(shared, cpu, torch.bfloat16).pages is None  # no flash-attention here
-    monkeypatch.setattr("scoring_plugin.models.packed_attention.flash_runs", lambda device, dtype: True)
-    monkeypatch.setattr("scoring_plugin.models.packed_attention._flash_varlen", lambda: (None, 2))
-    assert DevicePlan.of(shared, cpu, torch.bfloat16).pages is None
-    monkeypatch.setattr("scoring_plugin.models.packed_attention._flash_varlen", lambda: (None, 3))
-    paged = DevicePlan.of(shared, cpu, torch.bfloat16)
-    pages, counts = shared.key_pages()
-    assert paged.kv_index is None and paged.pages is not None and paged.key_counts is not None
-    assert paged.pages.tolist() == pages.tolist() and paged.key_counts.tolist() == counts.tolist()
-    assert paged.cu_q.tolist() == shared.cu_q.tolist() and paged.positions.tolist() == shared.positions.tolist()
-    assert DevicePlan.of(headless, cpu, torch.bfloat16).pages is None
-    assert DevicePlan.of(shared, cpu).kv_index is not None  # no dtype given: gather indices
 
 
 def _plan_by_groups(layouts: list[list[int]]) -> dict[str, list[int]]:

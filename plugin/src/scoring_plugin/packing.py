@@ -91,21 +91,6 @@ class AttentionPlan:
     score_rows: np.ndarray  # the last token of every segment, request after request
     segments: list[int]  # segments per request
 
-    @property
-    def shares_heads(self) -> bool:
-        """Whether some segment reads a head beside its own rows (its keys are not one run of
-        the step's rows)."""
-        return self.kv_index.shape[0] > self.positions.shape[0]
-
-    def key_pages(self) -> tuple[np.ndarray, np.ndarray]:
-        """Each group's key rows as a row of one-row pages, [groups, max_k] int32 (row 0 past
-        the group's own keys, never read), and each group's key count: the keys as
-        flash-attention's paged reads take them, from the step's rows in place."""
-        counts = np.diff(self.cu_k)
-        pages = np.zeros((counts.shape[0], self.max_k), dtype=np.int32)
-        pages[np.arange(self.max_k) < counts[:, None]] = self.kv_index
-        return pages, counts
-
     def key_starts(self) -> np.ndarray:
         """Each group's first key row, int32: where its prefix (its request's head) starts for a
         segment; for a head or a headless pair, its own first row (it has no prefix). With

@@ -11,9 +11,10 @@ groups past the real ones are empty (their ``cu_seqlens`` entries repeat the end
 past the real ones read row 0, and ``max_seqlen`` is the bucket's token count. FA3 on Hopper
 schedules varlen tiles from ``cu_seqlens`` on the device (its persistent varlen scheduler), so
 neither the empty groups nor the loose bound launch work of their own. Inside these graphs a
-shared head's keys are still gathered through ``kv_index``: the page table that lets larger
-steps read them in place (:class:`~.packed_attention.DevicePlan`) would be a bucket-sized
-[groups, keys] block to copy every step.
+shared head's keys are still gathered through ``kv_index`` for flash-attention: the Triton
+segment kernel that reads them in place in larger steps (:class:`~.packed_attention.DevicePlan`)
+is not captured, as its grid would be sized by the bucket's loose bounds (query blocks of the
+whole bucket, for every group slot), which nobody has measured yet.
 
 Each captured bucket is checked against the eager layers on a probe plan before it serves; a
 mismatch turns whole-step graphs off (logged) and the step falls back to piecewise graphs.

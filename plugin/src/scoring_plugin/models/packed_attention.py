@@ -31,18 +31,14 @@ class DevicePlan:
 
     plan: AttentionPlan
     positions: torch.Tensor
-    kv_index: torch.Tensor | None  # None where the keys go as pages (below)
+    kv_index: torch.Tensor | None  # None where the segment kernel runs (key_starts, below)
     cu_q: torch.Tensor
     cu_k: torch.Tensor
     score_rows: torch.Tensor
     max_q: int
     max_k: int
-    # Where flash-attention reads a plan with shared heads: each group's key rows as one-row pages
-    # ([groups, max_k] int32) and its key count, so the rows are read in place (no gather).
-    pages: torch.Tensor | None = None
-    key_counts: torch.Tensor | None = None
-    # Where the Triton kernel runs causal groups: each group's first key row (the start of its
-    # prefix, :meth:`AttentionPlan.key_starts`), int32; neither kv_index nor pages are needed.
+    # Where the Triton segment kernel runs causal groups: each group's first key row (the start
+    # of its prefix, :meth:`AttentionPlan.key_starts`), int32, in place of the gather indices.
     key_starts: torch.Tensor | None = None
     # The plan as padded batches for the SDPA path, per (causal, window): built at the step's
     # first layer, reused by the rest.
@@ -51,19 +47,13 @@ class DevicePlan:
     @classmethod
     def of(cls, plan: AttentionPlan, device: torch.device, dtype: torch.dtype | None = None) -> DevicePlan:
         """Built once per step: the plan's arrays reach the GPU in one copy. ``dtype``: the
-        layers' activations; where flash-attention runs them and the plan shares heads, the
-        keys go as pages instead of gather indices (`bench/attention_variants.py`: the gather
-        was a sixth of a large step's attention, and paged reads cost the kernel nothing)."""
+        layers' activations; where the segment kernel runs them, the keys are described by
+        their starts instead of gather indices (`bench/attention_variants.py`: the gather was a
+        sixth of a large step's attention; the kernel reads the rows in place)."""
         arrays = [plan.positions, plan.score_rows, plan.cu_q, plan.cu_k]
         if dtype is not None and segments_run(device, dtype):
             positions, score_rows, cu_q, cu_k, key_starts = to_device([*arrays, plan.key_starts()], device)
-            return cls(plan, positions, None, cu_q, cu_k, score_rows, plan.max_q, plan.max_k, key_starts=key_starts)
-        paged = dtype is not None and plan.shares_heads and flash_reads_pages(device, dtype)
-        if paged:
-            pages, key_counts = plan.key_pages()
-            positions, score_rows, cu_q, cu_k, flat_pages, counts = to_device([*arrays, pages.reshape(-1), key_counts], device)
-            return cls(plan, positions, None, cu_q, cu_k, score_rows, plan.max_q, plan.max_k,
-                       flat_pages.view(pages.shape), counts)
+            return cls(plan, positions, None, cu_q, cu_k, score_rows, plan.max_q, plan.max_k, key_starts)
         positions, score_rows, cu_q, cu_k, kv_index = to_device([*arrays, plan.kv_index], device)
         return cls(plan, positions, kv_index, cu_q, cu_k, score_rows, plan.max_q, plan.max_k)
 
@@ -144,13 +134,6 @@ def flash_runs(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and flash_available()
 
 
-def flash_reads_pages(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether flash-attention reads keys through one-row pages here: version 3 (Hopper), whose
-    non-TMA paged path takes any page size; version 2's pages must hold 256 rows."""
-    flash = _flash_varlen()
-    return flash_runs(device, dtype) and flash is not None and flash[1] == 3
-
-
 @functools.cache
 def _segment_kernel() -> Callable[..., None] | None:
     """The Triton kernel for causal groups (:mod:`.segment_attention`), where Triton imports."""
@@ -170,8 +153,8 @@ class PairAttention(nn.Module):
     """Grouped-query attention inside each query group of the step's plan.
 
     Causal (decoders): group ``g`` reads its key rows ``kv_index[cu_k[g]:cu_k[g+1]]`` (the
-    shared head, then the pair's own segment), aligned to the group's end: gathered, or read in
-    place through the plan's pages where it has them. Bidirectional
+    shared head, then the pair's own segment), aligned to the group's end: in place by the
+    Triton segment kernel where the plan has key starts (CUDA), else gathered. Bidirectional
     (encoders): every group is a whole pair reading its own rows, within ``window`` tokens either
     side where given (ModernBERT's local layers: ``|i - j| <= window``)."""
 
@@ -196,36 +179,28 @@ class PairAttention(nn.Module):
         tokens = q.shape[0]
         q = q.view(tokens, self.num_heads, self.head_dim)
         out = out.view(tokens, self.num_heads, self.head_dim)
-        if self.causal and plan.pages is not None:  # flash-attention reads the keys in place
-            self._varlen(q, k.view(tokens, 1, self.num_kv_heads, self.head_dim),
-                         v.view(tokens, 1, self.num_kv_heads, self.head_dim), plan, out,
-                         seqused_k=plan.key_counts, block_table=plan.pages)
-            return
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
         if self.causal:  # the head's rows are read by every segment of its request
             assert plan.kv_index is not None
             k, v = k.index_select(0, plan.kv_index), v.index_select(0, plan.kv_index)
         if flash_runs(q.device, q.dtype):
-            self._varlen(q, k, v, plan, out, cu_seqlens_k=plan.cu_k if self.causal else plan.cu_q)
+            self._varlen(q, k, v, plan, out)
         else:
             self._padded(q, k, v, plan, out)
 
-    def _varlen(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DevicePlan, out: torch.Tensor,
-        **keys: torch.Tensor | None,
-    ) -> None:
-        """One flash-attention varlen call over the step; ``keys`` say where each group's keys are."""
+    def _varlen(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DevicePlan, out: torch.Tensor) -> None:
+        """One flash-attention varlen call over the step."""
         flash = _flash_varlen()
         assert flash is not None
         varlen, version = flash
         kwargs: dict[str, object] = {} if version is None else {"fa_version": version}
         if self.window is not None:
             kwargs["window_size"] = [self.window, self.window]
-        max_k = plan.max_k if self.causal else plan.max_q
+        max_k, cu_k = (plan.max_k, plan.cu_k) if self.causal else (plan.max_q, plan.cu_q)
         varlen(  # type: ignore[operator]
-            q, k, v, plan.max_q, plan.cu_q, max_k,
-            softmax_scale=self.scale, causal=self.causal, out=out, **keys, **kwargs,
+            q, k, v, plan.max_q, plan.cu_q, max_k, cu_seqlens_k=cu_k,
+            softmax_scale=self.scale, causal=self.causal, out=out, **kwargs,
         )
 
     def _padded(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DevicePlan, out: torch.Tensor) -> None:
