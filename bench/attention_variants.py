@@ -32,16 +32,27 @@ from packed_step import RERANK
 HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128
 GATHER = "gather + FA3 varlen (before b774478)"
 STEP_TOKENS = (145, 2710, 8192, 16384)
-# The segment kernel's launch shapes tried beside the served default.
+# The segment kernel's launch shapes tried beside the served one: (query rows, key rows, warps,
+# stages, query heads per program, end-aligned blocks).
 TILINGS = [
-    Tiling(block_m=m, block_n=n, num_warps=w, num_stages=s)
-    for m, n, w, s in ((64, 64, 4, 2), (64, 32, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2), (64, 64, 8, 2), (128, 64, 8, 2),
-                       (128, 64, 4, 2), (128, 128, 8, 2), (32, 64, 4, 2), (16, 64, 4, 2))
+    Tiling(block_m=m, block_n=n, num_warps=w, num_stages=s, heads_per_program=h, end_aligned=e)
+    for m, n, w, s, h, e in (
+        (64, 64, 4, 2, 1, False), (64, 32, 4, 2, 1, False), (64, 64, 4, 3, 1, False), (64, 128, 4, 2, 1, False),
+        (128, 64, 8, 2, 1, False), (32, 64, 4, 2, 1, False), (16, 64, 4, 2, 1, False),
+        # One stage: the loops meet 1-5 key tiles, so a second buffer buys little and halves
+        # the programs an SM holds (`bench/segment_kernel_resources.py`).
+        (64, 32, 4, 1, 1, False), (64, 64, 4, 1, 1, False), (32, 32, 4, 1, 1, False),
+        (64, 32, 4, 2, 1, True), (64, 32, 4, 1, 1, True),
+        (64, 32, 4, 2, 2, False), (64, 32, 8, 2, 2, False), (64, 32, 8, 1, 2, False), (64, 64, 8, 1, 2, False),
+        (32, 32, 4, 1, 2, False), (64, 32, 8, 1, 2, True), (32, 32, 4, 1, 2, True),
+    )
 ]
 
 
 def tiling_name(tiling: Tiling) -> str:
-    return f"{tiling.block_m}x{tiling.block_n} w{tiling.num_warps} s{tiling.num_stages}"
+    extra = (f", {tiling.heads_per_program} heads" if tiling.heads_per_program > 1 else "") + (
+        ", end-aligned" if tiling.end_aligned else "")
+    return f"{tiling.block_m}x{tiling.block_n} w{tiling.num_warps} s{tiling.num_stages}{extra}"
 
 
 def timed_us(run: Callable[[], object], repeats: int = 50) -> float:

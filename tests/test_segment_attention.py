@@ -26,19 +26,34 @@ LAYOUTS = [
 ]
 
 
+def _tilings() -> dict[str, object]:
+    """The launch shapes checked: small tiles (several per group), the served choice by step
+    size (None), and the bench-tried variants: two heads per program, end-aligned blocks."""
+    from scoring_plugin.models.segment_attention import Tiling
+
+    return {
+        "16x16": Tiling(block_m=16, block_n=16),
+        "32x64": Tiling(block_m=32, block_n=64),
+        "by step size": None,
+        "16x32, 2 heads, end-aligned": Tiling(block_m=16, block_n=32, heads_per_program=2, end_aligned=True),
+        "32x16, end-aligned": Tiling(block_m=32, block_n=16, end_aligned=True),
+    }
+
+
 def _check() -> dict[str, float]:
     """Max |kernel - reference| per (dtype, layout, tiling), on q/k/v cut from one fused
     projection (row strides wider than their rows, as the layers hand them over)."""
     import torch
 
     from scoring_plugin.models.packed_attention import DevicePlan, PairAttention
-    from scoring_plugin.models.segment_attention import Tiling, segment_attention
+    from scoring_plugin.models.segment_attention import segment_attention
     from scoring_plugin.packing import AttentionPlan
 
     heads, kv_heads, head_dim = 4, 2, 24  # grouped queries; a head size that is no power of two
     cpu = torch.device("cpu")
     generator = torch.Generator().manual_seed(0)
     worst: dict[str, float] = {}
+    tilings = _tilings()
     for dtype in (torch.float32, torch.float16):
         for index, layouts in enumerate(LAYOUTS):
             plan = AttentionPlan.build(layouts)
@@ -48,14 +63,13 @@ def _check() -> dict[str, float]:
             expected = torch.zeros(tokens, heads * head_dim)
             reference = PairAttention(heads, kv_heads, head_dim)
             reference(q.float(), k.float(), v.float(), DevicePlan.of(plan, cpu), expected)
-            for tiling in (Tiling(block_m=16, block_n=16), Tiling(block_m=32, block_n=64), None):
+            for name, tiling in tilings.items():
                 out = torch.full((tokens, heads * head_dim), float("nan"), dtype=dtype)
                 segment_attention(
                     q, k, v, out, torch.from_numpy(plan.cu_q), torch.from_numpy(plan.cu_k),
                     torch.from_numpy(plan.key_starts()), plan.max_q, heads, kv_heads, head_dim**-0.5, tiling,
                 )
-                tiles = "by step size" if tiling is None else f"{tiling.block_m}x{tiling.block_n}"
-                key = f"{dtype} layout {index} tiles {tiles}"
+                key = f"{dtype} layout {index} tiles {name}"
                 worst[key] = float((out.float() - expected).abs().max())  # NaN if a row was left out
     return worst
 
@@ -69,7 +83,7 @@ def differences() -> dict[str, float]:
 
 
 def test_every_case_ran(differences: dict[str, float]) -> None:
-    assert len(differences) == 2 * len(LAYOUTS) * 3
+    assert len(differences) == 2 * len(LAYOUTS) * 5
 
 
 @pytest.mark.parametrize(("dtype", "tolerance"), [("torch.float32", 1e-5), ("torch.float16", 3e-3)])
@@ -78,6 +92,20 @@ def test_kernel_matches_the_padded_path(differences: dict[str, float], dtype: st
     within the dtype's rounding."""
     cases = {key: diff for key, diff in differences.items() if key.startswith(dtype)}
     assert cases and all(diff <= tolerance for diff in cases.values()), cases
+
+
+def test_heads_per_program_must_share_a_kv_head() -> None:
+    """Stacked heads read one KV head's keys: a count that does not divide the query heads per
+    KV head would mix two."""
+    pytest.importorskip("triton")
+    import torch
+
+    from scoring_plugin.models.segment_attention import Tiling, segment_attention
+
+    q, kv = torch.zeros(4, 6 * 8), torch.zeros(4, 2 * 8)
+    index = torch.zeros(2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="2 heads per program do not divide the 3 query heads"):
+        segment_attention(q, kv, kv, q, index, index, index[:1], 4, 6, 2, 1.0, Tiling(heads_per_program=2))
 
 
 def test_columns_must_be_contiguous() -> None:

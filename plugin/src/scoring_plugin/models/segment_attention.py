@@ -32,13 +32,19 @@ _LOG2E = math.log2(math.e)
 
 @dataclass(frozen=True, slots=True)
 class Tiling:
-    """Launch shape of :func:`segment_attention`: query rows and key rows per tile, and the
-    kernel's warps and pipeline stages."""
+    """Launch shape of :func:`segment_attention`: query rows and key rows per tile, the
+    kernel's warps and pipeline stages, and two ways to spend less per key tile, not yet
+    measured on a GPU (`bench/attention_variants.py` tries them): ``heads_per_program`` query
+    heads of one KV head stacked in one tile (each key tile loaded once for them; must divide
+    the query heads per KV head), and ``end_aligned`` query blocks counted from a group's last
+    row, so the short block is its first rows, which meet the fewest keys."""
 
     block_m: int = 64
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
+    heads_per_program: int = 1
+    end_aligned: bool = False
 
     @classmethod
     def for_step(cls, tokens: int) -> Tiling:
@@ -77,11 +83,11 @@ def _attend_block(
 def _segment_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, cu_q_ptr, cu_k_ptr, key_starts_ptr,
     q_stride, k_stride, v_stride, out_stride, scale_log2,
-    QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_TILE: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    QUERIES_PER_KV: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, END_ALIGNED: tl.constexpr,
+    HEAD_DIM: tl.constexpr, DIM_TILE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     block = tl.program_id(0)
-    head = tl.program_id(1)
+    first_head = tl.program_id(1) * HEADS_PER_PROGRAM
     group = tl.program_id(2)
     q_start = tl.load(cu_q_ptr + group)
     q_len = tl.load(cu_q_ptr + group + 1) - q_start
@@ -90,15 +96,31 @@ def _segment_attention_kernel(
         prefix_start = tl.load(key_starts_ptr + group)
         dims = tl.arange(0, DIM_TILE)
         dim_ok = dims < HEAD_DIM  # all true, folded away, where HEAD_DIM is a power of two
-        rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_ok = rows < q_len
-        q = tl.load(q_ptr + (q_start + rows)[:, None] * q_stride + head * HEAD_DIM + dims[None, :],
+        # The tile: BLOCK_M query rows of each of the program's heads, stacked. (Compile-time
+        # branches: the served launch shape compiles to the plain one-head loop.)
+        tile = tl.arange(0, HEADS_PER_PROGRAM * BLOCK_M)
+        if HEADS_PER_PROGRAM == 1:
+            offsets = tile
+            head_columns = first_head * HEAD_DIM + dims[None, :]
+        else:
+            offsets = tile % BLOCK_M
+            head_columns = ((first_head + tile // BLOCK_M) * HEAD_DIM)[:, None] + dims[None, :]
+        if END_ALIGNED:
+            first_row = q_len - (block + 1) * BLOCK_M
+            rows = first_row + offsets
+            row_ok = rows >= 0
+            rows = tl.maximum(rows, 0)  # rows before the group's first read like it (never stored)
+        else:
+            first_row = block * BLOCK_M
+            rows = first_row + offsets
+            row_ok = rows < q_len
+        q = tl.load(q_ptr + (q_start + rows)[:, None] * q_stride + head_columns,
                     mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
-        kv_column = (head // QUERIES_PER_KV) * HEAD_DIM
+        kv_column = (first_head // QUERIES_PER_KV) * HEAD_DIM
         k_head, v_head = k_ptr + kv_column, v_ptr + kv_column
-        row_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        row_sum = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, DIM_TILE], tl.float32)
+        row_max = tl.full([HEADS_PER_PROGRAM * BLOCK_M], float("-inf"), tl.float32)
+        row_sum = tl.zeros([HEADS_PER_PROGRAM * BLOCK_M], tl.float32)
+        acc = tl.zeros([HEADS_PER_PROGRAM * BLOCK_M, DIM_TILE], tl.float32)
         columns = tl.arange(0, BLOCK_N)
         for start in range(0, prefix_len, BLOCK_N):  # the shared head: every key visible
             key_ok = start + columns < prefix_len
@@ -106,7 +128,7 @@ def _segment_attention_kernel(
                 acc, row_max, row_sum, q, k_head, v_head, prefix_start + start + columns, key_ok,
                 key_ok[None, :], k_stride, v_stride, dims, dim_ok, scale_log2,
             )
-        for start in range(0, tl.minimum((block + 1) * BLOCK_M, q_len), BLOCK_N):  # own rows, causal
+        for start in range(0, tl.minimum(first_row + BLOCK_M, q_len), BLOCK_N):  # own rows, causal
             own = start + columns
             key_ok = own < q_len
             acc, row_max, row_sum = _attend_block(
@@ -114,7 +136,7 @@ def _segment_attention_kernel(
                 key_ok[None, :] & (own[None, :] <= rows[:, None]), k_stride, v_stride, dims, dim_ok, scale_log2,
             )
         acc = acc / row_sum[:, None]
-        tl.store(out_ptr + (q_start + rows)[:, None] * out_stride + head * HEAD_DIM + dims[None, :],
+        tl.store(out_ptr + (q_start + rows)[:, None] * out_stride + head_columns,
                  acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
 
 
@@ -132,11 +154,16 @@ def segment_attention(
             raise ValueError(f"segment_attention: {name}'s columns must be contiguous")
     groups = cu_q.shape[0] - 1
     tiling = tiling or Tiling.for_step(q.shape[0])
-    grid = (triton.cdiv(max_q, tiling.block_m), num_heads, groups)
+    queries_per_kv = num_heads // num_kv_heads
+    if queries_per_kv % tiling.heads_per_program:
+        raise ValueError(f"segment_attention: {tiling.heads_per_program} heads per program do not divide the "
+                         f"{queries_per_kv} query heads of a KV head")
+    grid = (triton.cdiv(max_q, tiling.block_m), num_heads // tiling.heads_per_program, groups)
     _segment_attention_kernel[grid](
         q, k, v, out, cu_q, cu_k, key_starts, q.stride(0), k.stride(0), v.stride(0), out.stride(0),
         scale * _LOG2E,
-        QUERIES_PER_KV=num_heads // num_kv_heads, HEAD_DIM=head_dim,
+        QUERIES_PER_KV=queries_per_kv, HEADS_PER_PROGRAM=tiling.heads_per_program, END_ALIGNED=tiling.end_aligned,
+        HEAD_DIM=head_dim,
         DIM_TILE=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_M=tiling.block_m, BLOCK_N=tiling.block_n, num_warps=tiling.num_warps, num_stages=tiling.num_stages,
     )
