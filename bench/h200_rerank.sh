@@ -11,6 +11,8 @@
 #                                     # with and without them, 1/5/20 documents (~6 min)
 #   sh bench/h200_rerank.sh inline    # ours with inline planning (the default) and without
 #                                     # (`grpc-threads`), c=1, 20 and 1 documents (~3.5 min)
+#   sh bench/h200_rerank.sh kernel    # one layer's attention: flash-attention's paths against the
+#                                     # Triton segment kernel at every tiling tried (~3 min)
 #   sh bench/h200_rerank.sh ab        # this tree against a base build (.whl-base: wheels of the
 #                                     # base commit) in one run: c=1/16/64 at 20 documents, c=1 at
 #                                     # one document (~4 min per round; AB_ROUNDS rounds, default
@@ -21,6 +23,9 @@ set -eu
 . bench/h200_env.sh
 cd bench
 case "$1" in
+kernel)
+    python3 attention_variants.py --out "$OUT" 2>&1 | tail -100
+    ;;
 kernels)
     python3 packed_step.py --out "$OUT" 2>&1 | tail -40
     python3 rerank_check.py --queries 6 --out "$OUT" 2>&1 | tail -14

@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 # Layouts that reach every branch: heads with several segments, a headless pair (the profiling
 # run's shape), one-token segments, segments longer than a query tile, several requests.
@@ -43,8 +44,6 @@ def _tilings() -> dict[str, object]:
 def _check() -> dict[str, float]:
     """Max |kernel - reference| per (dtype, layout, tiling), on q/k/v cut from one fused
     projection (row strides wider than their rows, as the layers hand them over)."""
-    import torch
-
     from scoring_plugin.models.packed_attention import DevicePlan, PairAttention
     from scoring_plugin.models.segment_attention import segment_attention
     from scoring_plugin.packing import AttentionPlan
@@ -98,8 +97,6 @@ def test_heads_per_program_must_share_a_kv_head() -> None:
     """Stacked heads read one KV head's keys: a count that does not divide the query heads per
     KV head would mix two."""
     pytest.importorskip("triton")
-    import torch
-
     from scoring_plugin.models.segment_attention import Tiling, segment_attention
 
     q, kv = torch.zeros(4, 6 * 8), torch.zeros(4, 2 * 8)
@@ -111,14 +108,38 @@ def test_heads_per_program_must_share_a_kv_head() -> None:
 def test_columns_must_be_contiguous() -> None:
     """A transposed view would be read as the wrong elements: refused before launch."""
     pytest.importorskip("triton")
-    import torch
-
     from scoring_plugin.models.segment_attention import segment_attention
 
     q = torch.zeros(8, 4).t()
     index = torch.zeros(2, dtype=torch.int32)
     with pytest.raises(ValueError, match="q's columns"):
         segment_attention(q, q, q, q, index, index, index[:1], 4, 2, 1, 1.0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the H200 staging)")
+def test_bf16_on_the_gpu_matches_the_gather_path() -> None:
+    """The compiled kernel in bf16, every tiling the bench tries, against the path it replaced
+    (gathered keys; flash-attention where it runs): within bf16 rounding of values of size ~1."""
+    from scoring_plugin.models.packed_attention import DevicePlan, PairAttention
+    from scoring_plugin.models.segment_attention import Tiling, segment_attention
+    from scoring_plugin.packing import AttentionPlan
+
+    device = torch.device("cuda")
+    heads, kv_heads, head_dim = 16, 8, 128
+    plan = AttentionPlan.build([[10, *[135] * 20], [7, 140, 1, 64], [0, 300]])
+    tokens = plan.positions.shape[0]
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, device=device, dtype=torch.bfloat16)
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=1)
+    expected = torch.empty(tokens, heads * head_dim, device=device, dtype=torch.bfloat16)
+    PairAttention(heads, kv_heads, head_dim)(q, k, v, DevicePlan.of(plan, device), expected)
+    served = DevicePlan.of(plan, device, torch.bfloat16)
+    assert served.key_starts is not None
+    for tiling in (None, Tiling(block_n=32), Tiling(block_n=32, num_stages=1), Tiling(block_n=32, heads_per_program=2),
+                   Tiling(block_n=32, end_aligned=True)):
+        out = torch.full_like(expected, float("nan"))
+        segment_attention(q, k, v, out, served.cu_q, served.cu_k, served.key_starts, served.max_q,
+                          heads, kv_heads, head_dim**-0.5, tiling)
+        assert float((out.float() - expected.float()).abs().max()) < 0.03, tiling
 
 
 if __name__ == "__main__":
