@@ -15,7 +15,9 @@ The plan describes every causal group this way (:class:`~scoring_plugin.packing.
 group ``g``'s keys are ``k_len - q_len`` prefix rows from ``key_starts[g]`` (none for a head or
 a headless pair), then its own ``q_len`` rows, causally aligned to the group's end.
 
-Imported only where it runs (CUDA), or on the CPU under ``TRITON_INTERPRET=1`` (the tests).
+The server imports it only where it runs (CUDA, fp16/bf16). On the CPU the tests run it through
+Triton's interpreter (``TRITON_INTERPRET=1``), and ``bench/segment_kernel_resources.py`` compiles
+it for sm_90 without a GPU.
 """
 
 from __future__ import annotations
