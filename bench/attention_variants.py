@@ -4,7 +4,9 @@ the layers' path before b774478, and inside captured whole-step graphs still), f
 3's own knobs (``pack_gqa``, ``num_splits``) on the gather path, and the Triton segment kernel
 (:mod:`scoring_plugin.models.segment_attention`: what
 :class:`~scoring_plugin.models.packed_attention.DevicePlan` sends the eager layers now) at its
-served tiling and others. Each variant's output is checked against the gather path's.
+served tiling and others. Each variant's output is checked against the gather path's. Then
+the attention's input, Q/K RMSNorm + rotary: vLLM's fused kernel against ours
+(:mod:`scoring_plugin.models.qk_norm_rope`), with the bandwidth each reaches.
 (flash-attention 3 through a page table of one-row pages, the layers' path from b774478 to
 0e97f62, is in `results/attention-variants-h200-run1{3,4}-bf16.md`.)
 
@@ -134,6 +136,44 @@ def variants(tokens: int) -> dict[str, dict[str, float]]:
     return rows
 
 
+def norm_rope_variants(tokens: int) -> dict[str, dict[str, float]]:
+    """vLLM's ``_C::fused_qk_norm_rope`` and the Triton kernel on the same fused projection
+    (Qwen3-0.6B: 16 + 8 + 8 heads of 128, neox rotary), each from a fresh copy; the Triton
+    kernel's output is checked against vLLM's."""
+    from scoring_plugin.models.qk_norm_rope import qk_norm_rope
+
+    device = torch.device("cuda")
+    generator = torch.Generator(device=device).manual_seed(0)
+    qkv = torch.randn(tokens, (HEADS + 2 * KV_HEADS) * HEAD_DIM, device=device, dtype=torch.bfloat16,
+                      generator=generator)
+    positions = torch.randint(0, 4096, (tokens,), device=device, generator=generator)
+    weights = [1 + 0.1 * torch.randn(HEAD_DIM, device=device, dtype=torch.bfloat16, generator=generator)
+               for _ in range(2)]
+    inverse = 1.0 / (1e6 ** (torch.arange(0, HEAD_DIM, 2, device=device, dtype=torch.float32) / HEAD_DIM))
+    angles = torch.outer(torch.arange(4096, device=device, dtype=torch.float32), inverse)
+    cos_sin = torch.cat([angles.cos(), angles.sin()], dim=-1).to(torch.bfloat16)
+    outputs: dict[str, torch.Tensor] = {}
+
+    def vllm_fused(work: torch.Tensor) -> None:
+        torch.ops._C.fused_qk_norm_rope(work, HEADS, KV_HEADS, KV_HEADS, HEAD_DIM, 1e-6, weights[0], weights[1],
+                                        cos_sin, True, positions)
+
+    def triton_fused(work: torch.Tensor) -> None:
+        qk_norm_rope(work, positions, weights[0], weights[1], cos_sin, HEADS, KV_HEADS, 1e-6)
+
+    moved = 2 * tokens * (HEADS + KV_HEADS) * HEAD_DIM * 2  # Q and K read and written once, bf16
+    rows: dict[str, dict[str, float]] = {}
+    for name, kernel in (("vLLM _C::fused_qk_norm_rope", vllm_fused), ("Triton qk_norm_rope", triton_fused)):
+        work = qkv.clone()
+        us = timed_us(lambda: kernel(work))  # repeated in place: the timing, not the values
+        outputs[name] = qkv.clone()
+        kernel(outputs[name])
+        rows[name] = {"us": us, "gb_per_s": moved / us / 1e3}
+    rows["Triton qk_norm_rope"]["max_abs_diff"] = float(
+        (outputs["Triton qk_norm_rope"].float() - outputs["vLLM _C::fused_qk_norm_rope"].float()).abs().max())
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
@@ -151,6 +191,14 @@ def main() -> None:
                 continue
             diff = f"{row['max_abs_diff']:.2e}" if "max_abs_diff" in row else "-"
             lines.append(f"| {tokens} | {name} | {row['us']:.1f} | {today / row['us']:.2f}x | {diff} |")
+    lines += ["", "| step tokens | Q/K norm + rotary | us per layer | GB/s | max abs diff vs vLLM's |",
+              "|---|---|---|---|---|"]
+    for tokens in STEP_TOKENS:
+        rows = norm_rope_variants(tokens)
+        report["norm_rope"] = {**report.get("norm_rope", {}), tokens: rows}
+        for name, row in rows.items():
+            diff = f"{row['max_abs_diff']:.2e}" if "max_abs_diff" in row else "-"
+            lines.append(f"| {tokens} | {name} | {row['us']:.1f} | {row['gb_per_s']:.0f} | {diff} |")
     table = "\n".join(lines)
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)

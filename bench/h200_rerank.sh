@@ -12,7 +12,9 @@
 #   sh bench/h200_rerank.sh inline    # ours with inline planning (the default) and without
 #                                     # (`grpc-threads`), c=1, 20 and 1 documents (~3.5 min)
 #   sh bench/h200_rerank.sh kernel    # one layer's attention: flash-attention's paths against the
-#                                     # Triton segment kernel at every tiling tried (~3 min)
+#                                     # Triton segment kernel at every tiling tried, and Q/K norm +
+#                                     # rotary, vLLM's kernel against ours; the kernels' GPU tests
+#                                     # (needs the pytest, pluggy and iniconfig wheels in .whl) (~4 min)
 #   sh bench/h200_rerank.sh ab        # this tree against a base build (.whl-base: wheels of the
 #                                     # base commit) in one run: c=1/16/64 at 20 documents, c=1 at
 #                                     # one document (~4 min per round; AB_ROUNDS rounds, default
@@ -24,6 +26,7 @@ set -eu
 cd bench
 case "$1" in
 kernel)
+    (cd .. && python3 -m pytest -q -p no:cacheprovider tests/test_segment_attention.py tests/test_qk_norm_rope.py -k gpu 2>&1 | tail -5)
     python3 attention_variants.py --out "$OUT" 2>&1 | tail -100
     ;;
 kernels)

@@ -1,21 +1,17 @@
 """The Triton segment kernel (:mod:`scoring_plugin.models.segment_attention`) against the padded
 SDPA path, on this machine's CPU through Triton's interpreter.
 
-The interpreter is chosen when kernels are decorated (``TRITON_INTERPRET=1`` at import), and this
-process must not import Triton that way (vLLM checks Triton too), so the checks run in a child
-process: this file run as a script. fp32 and fp16 only: the interpreter's ``tl.dot`` gets bf16
-wrong (numpy has no bf16); the H200 checks bf16 (``bench/attention_variants.py``, ``rerank_check.py``).
+The checks run in a child process under the interpreter (:mod:`triton_interpreter`). fp32 and
+fp16 only: the interpreter's ``tl.dot`` gets bf16 wrong (numpy has no bf16); the H200 checks bf16 (``bench/attention_variants.py``, ``rerank_check.py``).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from triton_interpreter import run_interpreted
 
 # Layouts that reach every branch: heads with several segments, a headless pair (the profiling
 # run's shape), one-token segments, segments longer than a query tile, several requests.
@@ -75,10 +71,7 @@ def _check() -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def differences() -> dict[str, float]:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_interpreted(__file__)
 
 
 def test_every_case_ran(differences: dict[str, float]) -> None:

@@ -1,0 +1,75 @@
+"""Qwen3's per-head Q/K RMSNorm and rotary embedding as one Triton kernel, in place on the fused
+QKV projection.
+
+vLLM's fused kernel (``_C::fused_qk_norm_rope``) took 88.6 us per layer at 16k tokens on the H200
+(``bench/results/packed-step-h200-bf16.md``), about twice the time to read and write Q and K
+once (~42 us for 200 MB): 2.5 ms of a 32 ms packed rerank step. This kernel is the memory-bound
+version: a program takes a block of rows, loads their positions and rotary rows once, and
+normalises and rotates every Q and K head of them (neox style: the two halves of a head rotate
+together), in fp32, writing back once, as vLLM's fused kernel does.
+
+The server calls it only where it runs (CUDA, fp16/bf16) and after a probe reproduced the
+unfused path (``PackedQwen3Attention.use_fused_norm_rope``); on the CPU the tests run it through
+Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# Rows per program: 16 rows x 24 heads of 128 is 96 KB of bf16 in flight per program.
+BLOCK_ROWS = 16
+
+
+# The row count is not specialised on: one compiled kernel serves every step, so none compiles
+# inside a CUDA graph's capture.
+@triton.jit(do_not_specialize=["rows"])
+def _qk_norm_rope_kernel(
+    qkv_ptr, positions_ptr, q_weight_ptr, k_weight_ptr, cos_sin_ptr, rows, row_stride, cos_sin_stride, eps,
+    Q_HEADS: tl.constexpr, K_HEADS: tl.constexpr, HALF_DIM: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    row_ok = row < rows
+    dims = tl.arange(0, HALF_DIM)
+    mask = row_ok[:, None]
+    position = tl.load(positions_ptr + row, mask=row_ok, other=0)
+    rotary = cos_sin_ptr + position[:, None] * cos_sin_stride + dims[None, :]
+    cos = tl.load(rotary, mask=mask, other=0.0).to(tl.float32)
+    sin = tl.load(rotary + HALF_DIM, mask=mask, other=0.0).to(tl.float32)
+    q_low, q_high = tl.load(q_weight_ptr + dims).to(tl.float32), tl.load(q_weight_ptr + HALF_DIM + dims).to(tl.float32)
+    k_low, k_high = tl.load(k_weight_ptr + dims).to(tl.float32), tl.load(k_weight_ptr + HALF_DIM + dims).to(tl.float32)
+    for head in tl.static_range(Q_HEADS + K_HEADS):
+        if head < Q_HEADS:
+            w_low, w_high = q_low, q_high
+        else:
+            w_low, w_high = k_low, k_high
+        low_ptr = qkv_ptr + row[:, None] * row_stride + head * 2 * HALF_DIM + dims[None, :]
+        low = tl.load(low_ptr, mask=mask, other=0.0).to(tl.float32)
+        high = tl.load(low_ptr + HALF_DIM, mask=mask, other=0.0).to(tl.float32)
+        inverse_rms = tl.rsqrt((tl.sum(low * low, 1) + tl.sum(high * high, 1)) / (2 * HALF_DIM) + eps)
+        low = low * inverse_rms[:, None] * w_low[None, :]
+        high = high * inverse_rms[:, None] * w_high[None, :]
+        out_type = qkv_ptr.dtype.element_ty
+        tl.store(low_ptr, (low * cos - high * sin).to(out_type), mask=mask)
+        tl.store(low_ptr + HALF_DIM, (high * cos + low * sin).to(out_type), mask=mask)
+
+
+def qk_norm_rope(
+    qkv: torch.Tensor, positions: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+    cos_sin: torch.Tensor, q_heads: int, k_heads: int, eps: float,
+) -> None:
+    """Normalises and rotates, in place, the first ``q_heads + k_heads`` heads of every row of
+    ``qkv`` ([tokens, (q_heads + 2 * k_heads) * head_dim], rows at any stride, columns dense);
+    ``cos_sin``: [positions, head_dim], the cosines then the sines, as vLLM's rotary cache."""
+    head_dim = q_weight.shape[0]
+    if qkv.stride(1) != 1 or cos_sin.stride(1) != 1:
+        raise ValueError("qk_norm_rope: qkv's and cos_sin's columns must be contiguous")
+    if head_dim % 2 or head_dim & (head_dim - 1) or cos_sin.shape[1] != head_dim:
+        raise ValueError(f"qk_norm_rope: head_dim {head_dim} must be a power of two rotated whole")
+    rows = qkv.shape[0]
+    _qk_norm_rope_kernel[(triton.cdiv(rows, BLOCK_ROWS),)](
+        qkv, positions, q_weight, k_weight, cos_sin, rows, qkv.stride(0), cos_sin.stride(0), eps,
+        Q_HEADS=q_heads, K_HEADS=k_heads, HALF_DIM=head_dim // 2, BLOCK=BLOCK_ROWS, num_warps=4,
+    )
