@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from harness import conditions
+from scoring_plugin.models.qk_norm_rope import BLOCK_ROWS
 from scoring_plugin.models.segment_attention import Tiling
 from packed_step import RERANK
 
@@ -49,6 +50,10 @@ TILINGS = [
         (32, 32, 4, 1, 2, False), (64, 32, 8, 1, 2, True), (32, 32, 4, 1, 2, True),
     )
 ]
+
+
+# Q/K norm + rotary launch shapes tried beside the served one: (rows per program, warps).
+NORM_ROPE_SHAPES = [(8, 2), (8, 4), (32, 4), (32, 8), (64, 8)]
 
 
 def tiling_name(tiling: Tiling) -> str:
@@ -116,7 +121,7 @@ def variants(tokens: int) -> dict[str, dict[str, float]]:
         "FA3 pack_gqa on": fa3(True, 0),
         "FA3 pack_gqa off": fa3(False, 0),
         "FA3 num_splits 1": fa3(None, 1),
-        f"Triton segment kernel {tiling_name(Tiling.for_step(tokens))} (served)":
+        f"Triton segment kernel {tiling_name(Tiling.served(HEADS // KV_HEADS))} (served)":
             lambda: attention(q, k, v, served, out),
     }
     for tiling in TILINGS:
@@ -158,19 +163,25 @@ def norm_rope_variants(tokens: int) -> dict[str, dict[str, float]]:
         torch.ops._C.fused_qk_norm_rope(work, HEADS, KV_HEADS, KV_HEADS, HEAD_DIM, 1e-6, weights[0], weights[1],
                                         cos_sin, True, positions)
 
-    def triton_fused(work: torch.Tensor) -> None:
-        qk_norm_rope(work, positions, weights[0], weights[1], cos_sin, HEADS, KV_HEADS, 1e-6)
+    def triton_fused(block_rows: int = BLOCK_ROWS, num_warps: int = 4) -> Callable[[torch.Tensor], None]:
+        return lambda work: qk_norm_rope(work, positions, weights[0], weights[1], cos_sin, HEADS, KV_HEADS, 1e-6,
+                                         block_rows, num_warps)
 
     moved = 2 * tokens * (HEADS + KV_HEADS) * HEAD_DIM * 2  # Q and K read and written once, bf16
+    kernels = {"vLLM _C::fused_qk_norm_rope": vllm_fused, "Triton qk_norm_rope": triton_fused()}
+    for block_rows, num_warps in NORM_ROPE_SHAPES:
+        kernels[f"Triton qk_norm_rope {block_rows} rows, {num_warps} warps"] = triton_fused(block_rows, num_warps)
     rows: dict[str, dict[str, float]] = {}
-    for name, kernel in (("vLLM _C::fused_qk_norm_rope", vllm_fused), ("Triton qk_norm_rope", triton_fused)):
+    for name, kernel in kernels.items():
         work = qkv.clone()
         us = timed_us(lambda: kernel(work))  # repeated in place: the timing, not the values
         outputs[name] = qkv.clone()
         kernel(outputs[name])
         rows[name] = {"us": us, "gb_per_s": moved / us / 1e3}
-    rows["Triton qk_norm_rope"]["max_abs_diff"] = float(
-        (outputs["Triton qk_norm_rope"].float() - outputs["vLLM _C::fused_qk_norm_rope"].float()).abs().max())
+    for name in kernels:
+        if name.startswith("Triton"):
+            rows[name]["max_abs_diff"] = float(
+                (outputs[name].float() - outputs["vLLM _C::fused_qk_norm_rope"].float()).abs().max())
     return rows
 
 

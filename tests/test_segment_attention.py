@@ -24,16 +24,16 @@ LAYOUTS = [
 
 
 def _tilings() -> dict[str, object]:
-    """The launch shapes checked: small tiles (several per group), the served choice by step
-    size (None), and the bench-tried variants: two heads per program, end-aligned blocks."""
+    """The launch shapes checked: small tiles (several per group), the served one (None: two heads
+    per program, end-aligned blocks), and other bench-tried variants."""
     from scoring_plugin.models.segment_attention import Tiling
 
     return {
-        "16x16": Tiling(block_m=16, block_n=16),
-        "32x64": Tiling(block_m=32, block_n=64),
-        "by step size": None,
+        "16x16": Tiling(block_m=16, block_n=16, heads_per_program=1, end_aligned=False),
+        "32x64, 2 stages": Tiling(block_m=32, block_n=64, num_stages=2, heads_per_program=1, end_aligned=False),
+        "served": None,
         "16x32, 2 heads, end-aligned": Tiling(block_m=16, block_n=32, heads_per_program=2, end_aligned=True),
-        "32x16, end-aligned": Tiling(block_m=32, block_n=16, end_aligned=True),
+        "32x16, end-aligned": Tiling(block_m=32, block_n=16, heads_per_program=1),
     }
 
 
@@ -98,6 +98,17 @@ def test_heads_per_program_must_share_a_kv_head() -> None:
         segment_attention(q, kv, kv, q, index, index, index[:1], 4, 6, 2, 1.0, Tiling(heads_per_program=2))
 
 
+def test_served_tiling_stacks_heads_only_where_they_pair() -> None:
+    """Two query heads per program where a KV head has an even number of them (Qwen3-0.6B: 2),
+    one where odd (plain multi-head attention: 1), so no model is refused."""
+    pytest.importorskip("triton")
+    from scoring_plugin.models.segment_attention import Tiling
+
+    assert Tiling.served(2).heads_per_program == 2 and Tiling.served(4).heads_per_program == 2
+    assert Tiling.served(1).heads_per_program == 1 and Tiling.served(3).heads_per_program == 1
+    assert Tiling.served(1).end_aligned and Tiling.served(1).block_m == 32
+
+
 def test_columns_must_be_contiguous() -> None:
     """A transposed view would be read as the wrong elements: refused before launch."""
     pytest.importorskip("triton")
@@ -127,8 +138,9 @@ def test_bf16_on_the_gpu_matches_the_gather_path() -> None:
     PairAttention(heads, kv_heads, head_dim)(q, k, v, DevicePlan.of(plan, device), expected)
     served = DevicePlan.of(plan, device, torch.bfloat16)
     assert served.key_starts is not None
-    for tiling in (None, Tiling(block_n=32), Tiling(block_n=32, num_stages=1), Tiling(block_n=32, heads_per_program=2),
-                   Tiling(block_n=32, end_aligned=True)):
+    for tiling in (None, Tiling(block_m=64, block_n=32, num_stages=2, heads_per_program=1, end_aligned=False),
+                   Tiling(block_m=64, block_n=64, num_stages=2, heads_per_program=1, end_aligned=False),
+                   Tiling(heads_per_program=1), Tiling(end_aligned=False)):
         out = torch.full_like(expected, float("nan"))
         segment_attention(q, k, v, out, served.cu_q, served.cu_k, served.key_starts, served.max_q,
                           heads, kv_heads, head_dim**-0.5, tiling)

@@ -58,18 +58,19 @@ def _qk_norm_rope_kernel(
 
 def qk_norm_rope(
     qkv: torch.Tensor, positions: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
-    cos_sin: torch.Tensor, q_heads: int, k_heads: int, eps: float,
+    cos_sin: torch.Tensor, q_heads: int, k_heads: int, eps: float, block_rows: int = BLOCK_ROWS, num_warps: int = 4,
 ) -> None:
     """Normalises and rotates, in place, the first ``q_heads + k_heads`` heads of every row of
     ``qkv`` ([tokens, (q_heads + 2 * k_heads) * head_dim], rows at any stride, columns dense);
-    ``cos_sin``: [positions, head_dim], the cosines then the sines, as vLLM's rotary cache."""
+    ``cos_sin``: [positions, head_dim], the cosines then the sines, as vLLM's rotary cache.
+    ``block_rows`` and ``num_warps``: the launch shape (the bench tries others)."""
     head_dim = q_weight.shape[0]
     if qkv.stride(1) != 1 or cos_sin.stride(1) != 1:
         raise ValueError("qk_norm_rope: qkv's and cos_sin's columns must be contiguous")
     if head_dim % 2 or head_dim & (head_dim - 1) or cos_sin.shape[1] != head_dim:
         raise ValueError(f"qk_norm_rope: head_dim {head_dim} must be a power of two rotated whole")
     rows = qkv.shape[0]
-    _qk_norm_rope_kernel[(triton.cdiv(rows, BLOCK_ROWS),)](
+    _qk_norm_rope_kernel[(triton.cdiv(rows, block_rows),)](
         qkv, positions, q_weight, k_weight, cos_sin, rows, qkv.stride(0), cos_sin.stride(0), eps,
-        Q_HEADS=q_heads, K_HEADS=k_heads, HALF_DIM=head_dim // 2, BLOCK=BLOCK_ROWS, num_warps=4,
+        Q_HEADS=q_heads, K_HEADS=k_heads, HALF_DIM=head_dim // 2, BLOCK=block_rows, num_warps=num_warps,
     )

@@ -35,29 +35,28 @@ _LOG2E = math.log2(math.e)
 @dataclass(frozen=True, slots=True)
 class Tiling:
     """Launch shape of :func:`segment_attention`: query rows and key rows per tile, the
-    kernel's warps and pipeline stages, and two ways to spend less per key tile, not yet
-    measured on a GPU (`bench/attention_variants.py` tries them): ``heads_per_program`` query
-    heads of one KV head stacked in one tile (each key tile loaded once for them; must divide
-    the query heads per KV head), and ``end_aligned`` query blocks counted from a group's last
-    row, so the short block is its first rows, which meet the fewest keys."""
+    kernel's warps and pipeline stages, ``heads_per_program`` query heads of one KV head stacked
+    in one tile (each key tile loaded once for them; must divide the query heads per KV head),
+    and ``end_aligned`` query blocks counted from a group's last row, so the short block is its
+    first rows, which meet the fewest keys.
 
-    block_m: int = 64
-    block_n: int = 64
+    The defaults are the served shape: the fastest of the 19 tilings `bench/attention_variants.py`
+    tried on the H200 at every step size (run15, rerank's shapes; 16k tokens: 106 us per layer
+    against 142 for the 64x32 single-head tiles served before). Small tiles of two heads keep
+    three programs' K/V in an SM's shared memory (one pipeline stage: a group's loops meet one to
+    five key tiles), and end alignment spends the masked rows where there are fewest keys."""
+
+    block_m: int = 32
+    block_n: int = 32
     num_warps: int = 4
-    num_stages: int = 2
-    heads_per_program: int = 1
-    end_aligned: bool = False
+    num_stages: int = 1
+    heads_per_program: int = 2
+    end_aligned: bool = True
 
     @classmethod
-    def for_step(cls, tokens: int) -> Tiling:
-        """The fastest of the tilings `bench/attention_variants.py` tried on the H200 (run14,
-        rerank's shapes): 64x64 up to a few thousand tokens, 64-row by 32-key tiles past them
-        (16k tokens: 142 us per layer against 177 for 64x64)."""
-        return cls() if tokens <= LARGE_STEP_TOKENS else cls(block_n=32)
-
-
-# Past this many tokens a step takes the narrower key tiles (measured at 2,710 and 8,192).
-LARGE_STEP_TOKENS = 4096
+    def served(cls, queries_per_kv: int) -> Tiling:
+        """The defaults, with one head per program where a KV head's query heads are odd."""
+        return cls() if queries_per_kv % 2 == 0 else cls(heads_per_program=1)
 
 
 @triton.jit
@@ -149,14 +148,14 @@ def segment_attention(
 ) -> None:
     """Writes the attention of every group's rows into ``out``. ``q``/``out``: [tokens, heads *
     head_dim], ``k``/``v``: [tokens, kv_heads * head_dim], rows at any stride, columns dense;
-    ``tiling``: by the step's size where not given."""
+    ``tiling``: the served one where not given."""
     head_dim = q.shape[1] // num_heads
     for name, tensor in (("q", q), ("k", k), ("v", v), ("out", out)):
         if tensor.stride(1) != 1:
             raise ValueError(f"segment_attention: {name}'s columns must be contiguous")
     groups = cu_q.shape[0] - 1
-    tiling = tiling or Tiling.for_step(q.shape[0])
     queries_per_kv = num_heads // num_kv_heads
+    tiling = tiling or Tiling.served(queries_per_kv)
     if queries_per_kv % tiling.heads_per_program:
         raise ValueError(f"segment_attention: {tiling.heads_per_program} heads per program do not divide the "
                          f"{queries_per_kv} query heads of a KV head")
