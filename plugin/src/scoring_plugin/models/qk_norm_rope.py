@@ -3,10 +3,10 @@ QKV projection.
 
 vLLM's fused kernel (``_C::fused_qk_norm_rope``) took 88.6 us per layer at 16k tokens on the H200
 (``bench/results/packed-step-h200-bf16.md``), about twice the time to read and write Q and K
-once (~42 us for 200 MB): 2.5 ms of a 32 ms packed rerank step. This kernel is the memory-bound
-version: a program takes a block of rows, loads their positions and rotary rows once, and
-normalises and rotates every Q and K head of them (neox style: the two halves of a head rotate
-together), in fp32, writing back once, as vLLM's fused kernel does.
+once (~42 us for 200 MB): 2.5 ms of a 32 ms packed rerank step. This kernel is closer to the
+memory bound (run15: 65 us, 3.1 TB/s): a program takes a block of rows, loads their positions
+and rotary rows once, and normalises and rotates every Q and K head of them (neox style: the
+two halves of a head rotate together), in fp32, writing back once, as vLLM's fused kernel does.
 
 The server calls it only where it runs (CUDA, fp16/bf16) and after a probe reproduced the
 unfused path (``PackedQwen3Attention.use_fused_norm_rope``); on the CPU the tests run it through
@@ -19,7 +19,10 @@ import torch
 import triton
 import triton.language as tl
 
-# Rows per program: 16 rows x 24 heads of 128 is 96 KB of bf16 in flight per program.
+# Rows per program, with 4 warps: what the end-to-end A/B ran (run15). 32 rows were faster at 16k
+# tokens (`bench/attention_variants.py`: 56.9 us per layer against 65.3, under 1% of a step) but
+# leave a one-document step (145 tokens, a whole-step graph) five programs for 132 SMs, a cost
+# that eager timings cannot show (launch-bound there) and no A/B has measured.
 BLOCK_ROWS = 16
 
 
