@@ -42,9 +42,11 @@ class Tiling:
 
     The defaults are the served shape: the fastest of the 19 tilings `bench/attention_variants.py`
     tried on the H200 at every step size (run15, rerank's shapes; 16k tokens: 106 us per layer
-    against 142 for the 64x32 single-head tiles served before). Small tiles of two heads keep
-    three programs' K/V in an SM's shared memory (one pipeline stage: a group's loops meet one to
-    five key tiles), and end alignment spends the masked rows where there are fewest keys."""
+    against 142 for the 64x32 single-head tiles served before). 32-row blocks waste fewer masked
+    rows on a ~135-row segment than 64-row ones, stacking two heads loads each K/V tile once for
+    both, one pipeline stage (a group's loops meet one to five key tiles) lets an SM hold three
+    programs (`bench/segment_kernel_resources.py`), and end alignment puts the short block where
+    there are fewest keys."""
 
     block_m: int = 32
     block_n: int = 32
