@@ -145,6 +145,9 @@ def norm_rope_variants(tokens: int) -> dict[str, dict[str, float]]:
     """vLLM's ``_C::fused_qk_norm_rope`` and the Triton kernel on the same fused projection
     (Qwen3-0.6B: 16 + 8 + 8 heads of 128, neox rotary), each from a fresh copy; the Triton
     kernel's output is checked against vLLM's."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.rotary_embedding import get_rope
+
     from scoring_plugin.models.qk_norm_rope import qk_norm_rope
 
     device = torch.device("cuda")
@@ -154,9 +157,9 @@ def norm_rope_variants(tokens: int) -> dict[str, dict[str, float]]:
     positions = torch.randint(0, 4096, (tokens,), device=device, generator=generator)
     weights = [1 + 0.1 * torch.randn(HEAD_DIM, device=device, dtype=torch.bfloat16, generator=generator)
                for _ in range(2)]
-    inverse = 1.0 / (1e6 ** (torch.arange(0, HEAD_DIM, 2, device=device, dtype=torch.float32) / HEAD_DIM))
-    angles = torch.outer(torch.arange(4096, device=device, dtype=torch.float32), inverse)
-    cos_sin = torch.cat([angles.cos(), angles.sin()], dim=-1).to(torch.bfloat16)
+    with set_current_vllm_config(VllmConfig()):  # vLLM's ops look their config up when built
+        rope = get_rope(HEAD_DIM, max_position=4096, rope_parameters={"rope_theta": 1e6, "rope_type": "default"})
+    cos_sin = rope.cos_sin_cache.to(device, torch.bfloat16)
     outputs: dict[str, torch.Tensor] = {}
 
     def vllm_fused(work: torch.Tensor) -> None:

@@ -15,6 +15,16 @@ Q_HEADS, K_HEADS, HEAD_DIM = 4, 2, 32
 ROWS = (1, 37, 64)  # one row; a last block of 5; whole blocks
 
 
+def vllm_rope(head_dim: int, max_position: int, theta: float) -> torch.nn.Module:
+    """vLLM's neox rotary embedding (its ``cos_sin_cache``: cosines, then sines)."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.rotary_embedding import get_rope
+
+    with set_current_vllm_config(VllmConfig()):  # vLLM's ops look their config up when built
+        return get_rope(head_dim, max_position=max_position,
+                        rope_parameters={"rope_theta": theta, "rope_type": "default"})
+
+
 def _reference(qkv: torch.Tensor, positions: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
                rope: torch.nn.Module, eps: float) -> torch.Tensor:
     q_size, k_size = Q_HEADS * HEAD_DIM, K_HEADS * HEAD_DIM
@@ -32,14 +42,10 @@ def _reference(qkv: torch.Tensor, positions: torch.Tensor, q_weight: torch.Tenso
 def _check() -> dict[str, float]:
     """Max |kernel - reference| per (dtype, rows), on rows whose stride is wider than Q, K and V
     (a slice of a wider buffer), and whether V and the columns past it were left untouched."""
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.model_executor.layers.rotary_embedding import get_rope
-
     from scoring_plugin.models.qk_norm_rope import qk_norm_rope
 
     generator = torch.Generator().manual_seed(0)
-    with set_current_vllm_config(VllmConfig()):  # vLLM's ops look their config up when built
-        rope = get_rope(HEAD_DIM, max_position=512, rope_parameters={"rope_theta": 10000.0, "rope_type": "default"})
+    rope = vllm_rope(HEAD_DIM, 512, 10000.0)
     width = (Q_HEADS + 2 * K_HEADS) * HEAD_DIM
     result: dict[str, float] = {}
     for dtype in (torch.float32, torch.float16):
@@ -105,9 +111,7 @@ def test_bf16_on_the_gpu_matches_vllms_fused_kernel() -> None:
     qkv = torch.randn(1000, (heads + 2 * kv_heads) * head_dim, device=device, dtype=torch.bfloat16)
     positions = torch.randint(0, 4096, (1000,), device=device)
     q_weight, k_weight = (1 + 0.1 * torch.randn(2, head_dim, device=device)).to(torch.bfloat16)
-    inverse = 1e6 ** -(torch.arange(0, head_dim, 2, device=device) / head_dim)
-    angles = torch.outer(torch.arange(4096.0, device=device), inverse)
-    cos_sin = torch.cat([angles.cos(), angles.sin()], dim=-1).to(torch.bfloat16)
+    cos_sin = vllm_rope(head_dim, 4096, 1e6).cos_sin_cache.to(device, torch.bfloat16)
     expected = qkv.clone()
     torch.ops._C.fused_qk_norm_rope(expected, heads, kv_heads, kv_heads, head_dim, 1e-6, q_weight, k_weight, cos_sin,
                                     True, positions)

@@ -2,7 +2,8 @@
 SDPA path, on this machine's CPU through Triton's interpreter.
 
 The checks run in a child process under the interpreter (:mod:`triton_interpreter`). fp32 and
-fp16 only: the interpreter's ``tl.dot`` gets bf16 wrong (numpy has no bf16); the H200 checks bf16 (``bench/attention_variants.py``, ``rerank_check.py``).
+fp16 only: the interpreter's ``tl.dot`` gets bf16 wrong (numpy has no bf16); the H200 checks
+bf16 (``bench/attention_variants.py``, ``rerank_check.py``).
 """
 
 from __future__ import annotations
