@@ -4,9 +4,11 @@ the layers' path before b774478, and inside captured whole-step graphs still), f
 3's own knobs (``pack_gqa``, ``num_splits``) on the gather path, and the Triton segment kernel
 (:mod:`scoring_plugin.models.segment_attention`: what
 :class:`~scoring_plugin.models.packed_attention.DevicePlan` sends the eager layers now) at its
-served tiling and others. Each variant's output is checked against the gather path's. Then
-the attention's input, Q/K RMSNorm + rotary: vLLM's fused kernel against ours
-(:mod:`scoring_plugin.models.qk_norm_rope`), with the bandwidth each reaches.
+served tiling and others, and served with Q's RMSNorm + rotary applied as it loads Q (what the
+layers run). Each variant's output is checked against the gather path's. Then the attention's
+input, Q/K RMSNorm + rotary: vLLM's fused kernel against ours
+(:mod:`scoring_plugin.models.qk_norm_rope`) on Q and K, and ours on K alone (what runs beside
+the segment kernel), with the bandwidth each reaches.
 (flash-attention 3 through a page table of one-row pages, the layers' path from b774478 to
 0e97f62, is in `results/attention-variants-h200-run1{3,4}-bf16.md`.)
 
@@ -75,8 +77,19 @@ def timed_us(run: Callable[[], object], repeats: int = 50) -> float:
     return start.elapsed_time(end) / repeats * 1e3
 
 
+def rotary_cache(device: torch.device) -> torch.Tensor:
+    """Qwen3's rotary cache (vLLM's ``get_rope``), bf16, on ``device``."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.rotary_embedding import get_rope
+
+    with set_current_vllm_config(VllmConfig()):  # vLLM's ops look their config up when built
+        rope = get_rope(HEAD_DIM, max_position=4096, rope_parameters={"rope_theta": 1e6, "rope_type": "default"})
+    return rope.cos_sin_cache.to(device, torch.bfloat16)
+
+
 def variants(tokens: int) -> dict[str, dict[str, float]]:
     from scoring_plugin.models.packed_attention import DevicePlan, PairAttention
+    from scoring_plugin.models.qk_norm_rope import NormRope
     from scoring_plugin.models.segment_attention import segment_attention
     from scoring_plugin.packing import AttentionPlan
 
@@ -115,17 +128,27 @@ def variants(tokens: int) -> dict[str, dict[str, float]]:
         return lambda: segment_attention(q, k, v, out, served.cu_q, served.cu_k, served.key_starts, served.max_q,
                                          HEADS, KV_HEADS, scale, tiling)
 
+    served_name = f"Triton segment kernel {tiling_name(Tiling.served(HEADS // KV_HEADS))} (served)"
     runs: dict[str, Callable[[], object]] = {
         GATHER: lambda: attention(q, k, v, plan, out),
         "the gather alone": gathered,
         "FA3 pack_gqa on": fa3(True, 0),
         "FA3 pack_gqa off": fa3(False, 0),
         "FA3 num_splits 1": fa3(None, 1),
-        f"Triton segment kernel {tiling_name(Tiling.served(HEADS // KV_HEADS))} (served)":
-            lambda: attention(q, k, v, served, out),
+        served_name: lambda: attention(q, k, v, served, out),
     }
     for tiling in TILINGS:
         runs[f"Triton segment kernel {tiling_name(tiling)}"] = segments(tiling)
+    # Q's norm + rotary applied as the served kernel loads Q (what the layers run), checked against
+    # the served kernel on Q normalised and rotated in place beforehand.
+    norm_rope = NormRope(1 + 0.1 * torch.randn(HEAD_DIM, device=device, dtype=torch.bfloat16),
+                         rotary_cache(device), HEADS, 1e-6)
+    on_load = f"{served_name} + Q norm + rotary on load"
+    runs[on_load] = lambda: attention(q, k, v, served, out, norm_rope)
+    rotated = q.clone()
+    norm_rope.apply(rotated, served.positions)
+    references = {on_load: torch.empty_like(reference)}
+    attention(rotated, k, v, served, references[on_load])
     rows: dict[str, dict[str, float]] = {}
     for name, run in runs.items():
         try:
@@ -136,19 +159,17 @@ def variants(tokens: int) -> dict[str, dict[str, float]]:
         row = {"us": us}
         if name != "the gather alone":
             run()
-            row["max_abs_diff"] = float((out.float() - reference.float()).abs().max())
+            row["max_abs_diff"] = float((out.float() - references.get(name, reference).float()).abs().max())
         rows[name] = row
     return rows
 
 
 def norm_rope_variants(tokens: int) -> dict[str, dict[str, float]]:
-    """vLLM's ``_C::fused_qk_norm_rope`` and the Triton kernel on the same fused projection
-    (Qwen3-0.6B: 16 + 8 + 8 heads of 128, neox rotary), each from a fresh copy; the Triton
-    kernel's output is checked against vLLM's."""
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.model_executor.layers.rotary_embedding import get_rope
-
-    from scoring_plugin.models.qk_norm_rope import qk_norm_rope
+    """vLLM's ``_C::fused_qk_norm_rope`` and the Triton kernel on Q then K of the same fused
+    projection (Qwen3-0.6B: 16 + 8 + 8 heads of 128, neox rotary; what runs where flash-attention
+    does), each from a fresh copy, checked against vLLM's; and the Triton kernel on K alone (what
+    runs beside the segment kernel, which does Q's as it loads Q) at several launch shapes."""
+    from scoring_plugin.models.qk_norm_rope import NormRope
 
     device = torch.device("cuda")
     generator = torch.Generator(device=device).manual_seed(0)
@@ -157,34 +178,41 @@ def norm_rope_variants(tokens: int) -> dict[str, dict[str, float]]:
     positions = torch.randint(0, 4096, (tokens,), device=device, generator=generator)
     weights = [1 + 0.1 * torch.randn(HEAD_DIM, device=device, dtype=torch.bfloat16, generator=generator)
                for _ in range(2)]
-    with set_current_vllm_config(VllmConfig()):  # vLLM's ops look their config up when built
-        rope = get_rope(HEAD_DIM, max_position=4096, rope_parameters={"rope_theta": 1e6, "rope_type": "default"})
-    cos_sin = rope.cos_sin_cache.to(device, torch.bfloat16)
-    outputs: dict[str, torch.Tensor] = {}
+    cos_sin = rotary_cache(device)
+    q_rope, k_rope = (NormRope(weight, cos_sin, heads, 1e-6) for weight, heads in zip(weights, (HEADS, KV_HEADS)))
+    q_size = HEADS * HEAD_DIM
 
     def vllm_fused(work: torch.Tensor) -> None:
         torch.ops._C.fused_qk_norm_rope(work, HEADS, KV_HEADS, KV_HEADS, HEAD_DIM, 1e-6, weights[0], weights[1],
                                         cos_sin, True, positions)
 
-    def triton_fused(block_rows: int = BLOCK_ROWS, num_warps: int = 4) -> Callable[[torch.Tensor], None]:
-        return lambda work: qk_norm_rope(work, positions, weights[0], weights[1], cos_sin, HEADS, KV_HEADS, 1e-6,
-                                         block_rows, num_warps)
+    def q_then_k(work: torch.Tensor) -> None:
+        q_rope.apply(work[:, :q_size], positions)
+        k_rope.apply(work[:, q_size : q_size + KV_HEADS * HEAD_DIM], positions)
 
-    moved = 2 * tokens * (HEADS + KV_HEADS) * HEAD_DIM * 2  # Q and K read and written once, bf16
-    kernels = {"vLLM _C::fused_qk_norm_rope": vllm_fused, "Triton qk_norm_rope": triton_fused()}
+    def k_alone(block_rows: int = BLOCK_ROWS, num_warps: int = 4) -> Callable[[torch.Tensor], None]:
+        return lambda work: k_rope.apply(work[:, q_size : q_size + KV_HEADS * HEAD_DIM], positions, block_rows,
+                                         num_warps)
+
+    both, k_only = 2 * tokens * (HEADS + KV_HEADS) * HEAD_DIM * 2, 2 * tokens * KV_HEADS * HEAD_DIM * 2
+    kernels = {"vLLM _C::fused_qk_norm_rope, Q and K": (vllm_fused, both), "Triton, Q then K": (q_then_k, both),
+               f"Triton, K alone ({BLOCK_ROWS} rows, served)": (k_alone(), k_only)}
     for block_rows, num_warps in NORM_ROPE_SHAPES:
-        kernels[f"Triton qk_norm_rope {block_rows} rows, {num_warps} warps"] = triton_fused(block_rows, num_warps)
+        kernels[f"Triton, K alone, {block_rows} rows, {num_warps} warps"] = (k_alone(block_rows, num_warps), k_only)
     rows: dict[str, dict[str, float]] = {}
-    for name, kernel in kernels.items():
+    outputs: dict[str, torch.Tensor] = {}
+    for name, (kernel, moved) in kernels.items():
         work = qkv.clone()
         us = timed_us(lambda: kernel(work))  # repeated in place: the timing, not the values
         outputs[name] = qkv.clone()
         kernel(outputs[name])
         rows[name] = {"us": us, "gb_per_s": moved / us / 1e3}
+    vllm = outputs["vLLM _C::fused_qk_norm_rope, Q and K"]
     for name in kernels:
         if name.startswith("Triton"):
+            columns = slice(0, q_size + KV_HEADS * HEAD_DIM) if "Q then K" in name else slice(q_size, q_size + KV_HEADS * HEAD_DIM)
             rows[name]["max_abs_diff"] = float(
-                (outputs[name].float() - outputs["vLLM _C::fused_qk_norm_rope"].float()).abs().max())
+                (outputs[name][:, columns].float() - vllm[:, columns].float()).abs().max())
     return rows
 
 
@@ -205,7 +233,7 @@ def main() -> None:
                 continue
             diff = f"{row['max_abs_diff']:.2e}" if "max_abs_diff" in row else "-"
             lines.append(f"| {tokens} | {name} | {row['us']:.1f} | {today / row['us']:.2f}x | {diff} |")
-    lines += ["", "| step tokens | Q/K norm + rotary | us per layer | GB/s | max abs diff vs vLLM's |",
+    lines += ["", "| step tokens | Q/K norm + rotary | us per layer | GB/s | max abs diff vs vLLM's (its heads) |",
               "|---|---|---|---|---|"]
     for tokens in STEP_TOKENS:
         rows = norm_rope_variants(tokens)

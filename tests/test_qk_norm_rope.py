@@ -1,6 +1,7 @@
-"""The Triton Q/K norm + rotary kernel (:mod:`scoring_plugin.models.qk_norm_rope`) against the
-definition: RMSNorm per head in fp32, then vLLM's own neox rotary (``RotaryEmbedding.forward_static``
-with its cache), on this machine's CPU through Triton's interpreter (:mod:`triton_interpreter`).
+"""The Triton per-head norm + rotary kernel (:mod:`scoring_plugin.models.qk_norm_rope`), applied to
+Q and to K in turn, against the definition: RMSNorm per head in fp32, then vLLM's own neox rotary
+(``RotaryEmbedding.forward_static`` with its cache), on this machine's CPU through Triton's
+interpreter (:mod:`triton_interpreter`).
 """
 
 from __future__ import annotations
@@ -39,10 +40,20 @@ def _reference(qkv: torch.Tensor, positions: torch.Tensor, q_weight: torch.Tenso
     return torch.cat([q, k, v], dim=1)
 
 
+def apply_qk(qkv: torch.Tensor, positions: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+             cos_sin: torch.Tensor, q_heads: int, k_heads: int, eps: float) -> None:
+    """The kernel on Q's columns of a fused projection, then on K's."""
+    from scoring_plugin.models.qk_norm_rope import NormRope
+
+    head_dim = q_weight.shape[0]
+    q_size, k_size = q_heads * head_dim, k_heads * head_dim
+    NormRope(q_weight, cos_sin, q_heads, eps).apply(qkv[:, :q_size], positions)
+    NormRope(k_weight, cos_sin, k_heads, eps).apply(qkv[:, q_size : q_size + k_size], positions)
+
+
 def _check() -> dict[str, float]:
     """Max |kernel - reference| per (dtype, rows), on rows whose stride is wider than Q, K and V
     (a slice of a wider buffer), and whether V and the columns past it were left untouched."""
-    from scoring_plugin.models.qk_norm_rope import qk_norm_rope
 
     generator = torch.Generator().manual_seed(0)
     rope = vllm_rope(HEAD_DIM, 512, 10000.0)
@@ -57,7 +68,7 @@ def _check() -> dict[str, float]:
             k_weight = (1 + 0.3 * torch.randn(HEAD_DIM, generator=generator)).to(dtype)
             expected = _reference(qkv, positions, q_weight, k_weight, rope, 1e-6)
             before = buffer.clone()
-            qk_norm_rope(qkv, positions, q_weight, k_weight, rope.cos_sin_cache.to(dtype), Q_HEADS, K_HEADS, 1e-6)
+            apply_qk(qkv, positions, q_weight, k_weight, rope.cos_sin_cache.to(dtype), Q_HEADS, K_HEADS, 1e-6)
             key = f"{dtype} rows {rows}"
             result[key] = float((qkv.float() - expected).abs().max())
             untouched = (Q_HEADS + K_HEADS) * HEAD_DIM
@@ -85,27 +96,26 @@ def test_values_and_the_rest_of_the_row_are_untouched(differences: dict[str, flo
 
 def test_columns_must_be_contiguous() -> None:
     pytest.importorskip("triton")
-    from scoring_plugin.models.qk_norm_rope import qk_norm_rope
+    from scoring_plugin.models.qk_norm_rope import NormRope
 
-    qkv = torch.zeros(64, 8).t()
-    with pytest.raises(ValueError, match="columns must be contiguous"):
-        qk_norm_rope(qkv, torch.zeros(8, dtype=torch.long), torch.ones(4), torch.ones(4), torch.zeros(8, 4), 1, 0, 1e-6)
+    with pytest.raises(ValueError, match="rows' columns must be contiguous"):
+        NormRope(torch.ones(4), torch.zeros(8, 4), 1, 1e-6).apply(torch.zeros(64, 8).t(), torch.zeros(8, dtype=torch.long))
+    with pytest.raises(ValueError, match="cos_sin's columns must be contiguous"):
+        NormRope(torch.ones(4), torch.zeros(4, 8).t(), 1, 1e-6)
 
 
 def test_head_dim_must_be_a_power_of_two() -> None:
     pytest.importorskip("triton")
-    from scoring_plugin.models.qk_norm_rope import qk_norm_rope
+    from scoring_plugin.models.qk_norm_rope import NormRope
 
     with pytest.raises(ValueError, match="head_dim 24"):
-        qk_norm_rope(torch.zeros(4, 72), torch.zeros(4, dtype=torch.long), torch.ones(24), torch.ones(24),
-                     torch.zeros(8, 24), 2, 1, 1e-6)
+        NormRope(torch.ones(24), torch.zeros(8, 24), 2, 1e-6)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the H200 staging)")
 def test_bf16_on_the_gpu_matches_vllms_fused_kernel() -> None:
-    """The compiled kernel in bf16 against the kernel it replaced, at Qwen3-0.6B's heads: within
-    one bf16 rounding of values up to ~5."""
-    from scoring_plugin.models.qk_norm_rope import qk_norm_rope
+    """The compiled kernel in bf16, on Q then K, against vLLM's kernel for both, at Qwen3-0.6B's
+    heads: within one bf16 rounding of values up to ~5."""
 
     device, heads, kv_heads, head_dim = torch.device("cuda"), 16, 8, 128
     qkv = torch.randn(1000, (heads + 2 * kv_heads) * head_dim, device=device, dtype=torch.bfloat16)
@@ -115,7 +125,7 @@ def test_bf16_on_the_gpu_matches_vllms_fused_kernel() -> None:
     expected = qkv.clone()
     torch.ops._C.fused_qk_norm_rope(expected, heads, kv_heads, kv_heads, head_dim, 1e-6, q_weight, k_weight, cos_sin,
                                     True, positions)
-    qk_norm_rope(qkv, positions, q_weight, k_weight, cos_sin, heads, kv_heads, 1e-6)
+    apply_qk(qkv, positions, q_weight, k_weight, cos_sin, heads, kv_heads, 1e-6)
     assert float((qkv.float() - expected.float()).abs().max()) < 0.04
 
 

@@ -2,8 +2,10 @@
 
 The packed models hold no KV cache and get no vLLM attention metadata (vLLM sees them as
 attention-free): the step's :class:`AttentionPlan` says which rows attend to which. On CUDA in
-fp16/bf16 one flash-attention varlen call covers the step, a query group per pair; elsewhere
-(the CPU backend, fp32) the groups run as one padded SDPA batch with a mask per group.
+fp16/bf16 causal groups run as the Triton segment kernel (:mod:`.segment_attention`) and
+bidirectional ones (and causal ones inside whole-step graphs) as one flash-attention varlen
+call, a query group per pair; elsewhere (the CPU backend, fp32) the groups run as one padded
+SDPA batch with a mask per group.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -21,6 +24,9 @@ from vllm.v1.pool.metadata import PoolingMetadata
 
 from scoring_plugin.models.pooling_step import whole_request_lengths
 from scoring_plugin.packing import AttentionPlan, layout_of
+
+if TYPE_CHECKING:  # imports Triton, which only the CUDA paths need
+    from scoring_plugin.models.qk_norm_rope import NormRope
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,14 +174,21 @@ class PairAttention(nn.Module):
         self.causal, self.window = causal, window
         self.scale = head_dim**-0.5
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DevicePlan, out: torch.Tensor) -> None:
-        """Writes the attention of the plan's rows into ``out`` ([tokens, heads * head_dim])."""
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DevicePlan, out: torch.Tensor,
+        q_norm_rope: NormRope | None = None,
+    ) -> None:
+        """Writes the attention of the plan's rows into ``out`` ([tokens, heads * head_dim]).
+        ``q_norm_rope``: Q's RMSNorm + rotary, not yet applied: the segment kernel applies it
+        as it loads Q (Q never makes a round trip through memory), other paths in place first."""
         if self.causal and plan.key_starts is not None:  # prefix and own rows read in place
             kernel = _segment_kernel()
             assert kernel is not None
             kernel(q, k, v, out, plan.cu_q, plan.cu_k, plan.key_starts, plan.max_q,
-                   self.num_heads, self.num_kv_heads, self.scale)
+                   self.num_heads, self.num_kv_heads, self.scale, q_norm_rope=q_norm_rope, positions=plan.positions)
             return
+        if q_norm_rope is not None:
+            q_norm_rope.apply(q, plan.positions)
         tokens = q.shape[0]
         q = q.view(tokens, self.num_heads, self.head_dim)
         out = out.view(tokens, self.num_heads, self.head_dim)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Set
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -50,6 +51,9 @@ from scoring_plugin.models.packed_attention import DevicePlan, PairAttention, st
 from scoring_plugin.packing import PACKED_TASK
 from scoring_plugin.rerank.settings import RerankSettings
 
+if TYPE_CHECKING:  # imports Triton, which only the CUDA paths need
+    from scoring_plugin.models.qk_norm_rope import NormRope
+
 logger = logging.getLogger(__name__)
 
 
@@ -74,26 +78,41 @@ class PackedQwen3Attention(nn.Module):
         self.q_norm = RMSNorm(head_dim, eps=config.rms_norm_eps)
         self.k_norm = RMSNorm(head_dim, eps=config.rms_norm_eps)
         self.attn = PairAttention(heads, kv_heads, head_dim)
-        # The rotary cache in the activations' dtype, once the fused kernel is in use.
-        self._cos_sin: torch.Tensor | None = None
+        # Q's and K's norm + rotary as Triton kernels (:mod:`.qk_norm_rope`), once in use; None:
+        # vLLM's unfused ops.
+        self._fused: tuple[NormRope, NormRope] | None = None
 
     def qkv(self, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Q, K and V of ``hidden``; with the fused kernels, Q not yet normalised and rotated:
+        :meth:`attend` hands that to the attention, which applies it as it loads Q."""
         qkv, _ = self.qkv_proj(hidden)
-        if self._cos_sin is None:
+        if self._fused is None:
             return self._norm_rope(qkv, positions)
-        self._norm_rope_fused(qkv, positions)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        self._fused[1].apply(k, positions)
         return q, k, v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DevicePlan, out: torch.Tensor) -> None:
+        self.attn(q, k, v, plan, out, None if self._fused is None else self._fused[0])
 
     @property
     def fused_norm_rope(self) -> bool:
-        return self._cos_sin is not None
+        return self._fused is not None
 
     def swap_norm_rope_cache(self, cos_sin: torch.Tensor | None) -> torch.Tensor | None:
         """Sets the fused path's rotary cache (None: the unfused ops) and returns the previous
         one: the two paths timed against each other (bench/packed_step.py). Captured graphs
         keep the path they were captured with."""
-        previous, self._cos_sin = self._cos_sin, cos_sin
+        previous = None if self._fused is None else self._fused[0].cos_sin
+        if cos_sin is None:
+            self._fused = None
+        else:
+            from scoring_plugin.models.qk_norm_rope import NormRope  # imports Triton: CUDA only
+
+            self._fused = tuple(  # type: ignore[assignment]
+                NormRope(norm.weight, cos_sin, size // self.head_dim, norm.variance_epsilon)
+                for norm, size in ((self.q_norm, self.q_size), (self.k_norm, self.kv_size))
+            )
         return previous
 
     def _norm_rope(
@@ -105,23 +124,15 @@ class PackedQwen3Attention(nn.Module):
         q, k = self.rotary_emb(positions, q, k)
         return q, k, v
 
-    def _norm_rope_fused(self, qkv: torch.Tensor, positions: torch.Tensor) -> None:
-        assert self._cos_sin is not None
-        from scoring_plugin.models.qk_norm_rope import qk_norm_rope  # imports Triton: CUDA only
-
-        qk_norm_rope(
-            qkv, positions, self.q_norm.weight, self.k_norm.weight, self._cos_sin,
-            self.q_size // self.head_dim, self.kv_size // self.head_dim, self.q_norm.variance_epsilon,
-        )
-
     def use_fused_norm_rope(self) -> float | None:
-        """Switches to the fused Q/K RMSNorm + rotary kernel (:mod:`.qk_norm_rope`) where it
-        applies (CUDA, fp16/bf16, neox rotary over whole heads). The unfused path reads and writes
+        """Switches to the Triton Q/K RMSNorm + rotary kernels (:mod:`.qk_norm_rope`) where they
+        apply (CUDA, fp16/bf16, neox rotary over whole heads). The unfused path reads and writes
         q and k five times: on the H200 at 16k tokens 0.48 ms per layer against 0.09 ms for
-        vLLM's fused kernel (run7) and 0.065 ms for ours (run15).
-        Only after it reproduced the unfused path on a probe with this layer's weights, so a
+        vLLM's fused kernel (run7) and 0.065 ms for ours (run15); with Q's share done inside
+        the segment attention kernel, K's alone is a third of that.
+        Only after they reproduced the unfused path on a probe with this layer's weights, so a
         kernel or wiring mismatch falls back instead of scoring wrong. Returns the probe's
-        relative difference, None where the kernel does not apply."""
+        relative difference, None where the kernels do not apply."""
         weight = self.q_norm.weight
         if not (
             weight.is_cuda
@@ -142,13 +153,15 @@ class PackedQwen3Attention(nn.Module):
         )
         q, k, _ = self._norm_rope(probe.clone(), positions)
         expected = torch.cat([q, k], dim=-1).float()
-        self._cos_sin = self.rotary_emb.cos_sin_cache.to(weight.dtype)
+        self.swap_norm_rope_cache(self.rotary_emb.cos_sin_cache.to(weight.dtype))
+        assert self._fused is not None
         fused = probe.clone()
-        self._norm_rope_fused(fused, positions)
+        self._fused[0].apply(fused[:, : self.q_size], positions)
+        self._fused[1].apply(fused[:, self.q_size : self.q_size + self.kv_size], positions)
         difference = float((fused[:, : self.q_size + self.kv_size].float() - expected).abs().max())
         relative = difference / max(float(expected.abs().max()), 1e-6)
         if relative > 0.02:  # a few bf16 roundings pass, a wrong wiring is off by the values' size
-            self._cos_sin = None
+            self._fused = None
         return relative
 
 
@@ -173,7 +186,7 @@ class PackedQwen3Layer(nn.Module):
         return q, k, v, residual
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DevicePlan, out: torch.Tensor) -> None:
-        self.self_attn.attn(q, k, v, plan, out)
+        self.self_attn.attend(q, k, v, plan, out)
 
     def finish(self, attn: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         hidden, _ = self.self_attn.o_proj(attn)

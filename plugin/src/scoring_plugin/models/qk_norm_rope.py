@@ -1,37 +1,41 @@
-"""Qwen3's per-head Q/K RMSNorm and rotary embedding as one Triton kernel, in place on the fused
-QKV projection.
+"""Qwen3's per-head RMSNorm and rotary embedding as one Triton kernel, in place on a slice of the
+fused QKV projection.
 
 vLLM's fused kernel (``_C::fused_qk_norm_rope``) took 88.6 us per layer at 16k tokens on the H200
 (``bench/results/packed-step-h200-bf16.md``), about twice the time to read and write Q and K
 once (~42 us for 200 MB): 2.5 ms of a 32 ms packed rerank step. This kernel is closer to the
-memory bound (run15: 65 us, 3.1 TB/s): a program takes a block of rows, loads their positions
-and rotary rows once, and normalises and rotates every Q and K head of them (neox style: the
+memory bound (run15: 65 us for Q and K, 3.1 TB/s): a program takes a block of rows, loads their
+positions and rotary rows once, and normalises and rotates every head of them (neox style: the
 two halves of a head rotate together), in fp32, writing back once, as vLLM's fused kernel does.
 
-The server calls it only where it runs (CUDA, fp16/bf16) and after a probe reproduced the
-unfused path (``PackedQwen3Attention.use_fused_norm_rope``); on the CPU the tests run it through
-Triton's interpreter.
+It runs on K alone where the segment attention kernel applies the same arithmetic to Q as it
+loads it (:mod:`.segment_attention`: Q is then read once and never written back), and on Q
+and K in turn elsewhere. The server calls it only where it runs (CUDA, fp16/bf16) and after a
+probe reproduced the unfused path (``PackedQwen3Attention.use_fused_norm_rope``); on the CPU the
+tests run it through Triton's interpreter.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-# Rows per program, with 4 warps: what the end-to-end A/B ran (run15). 32 rows were faster at 16k
-# tokens (`bench/attention_variants.py`: 56.9 us per layer against 65.3, under 1% of a step) but
-# leave a one-document step (145 tokens, a whole-step graph) five programs for 132 SMs, a cost
-# that eager timings cannot show (launch-bound there) and no A/B has measured.
+# Rows per program, with 4 warps: what the end-to-end A/B ran (run15, Q and K together). 32 rows
+# were faster at 16k tokens (`bench/attention_variants.py`: 56.9 us per layer against 65.3, under
+# 1% of a step) but leave a one-document step (145 tokens, a whole-step graph) five programs for
+# 132 SMs, a cost that eager timings cannot show (launch-bound there) and no A/B has measured.
 BLOCK_ROWS = 16
 
 
 # The row count is not specialised on: one compiled kernel serves every step, so none compiles
 # inside a CUDA graph's capture.
 @triton.jit(do_not_specialize=["rows"])
-def _qk_norm_rope_kernel(
-    qkv_ptr, positions_ptr, q_weight_ptr, k_weight_ptr, cos_sin_ptr, rows, row_stride, cos_sin_stride, eps,
-    Q_HEADS: tl.constexpr, K_HEADS: tl.constexpr, HALF_DIM: tl.constexpr, BLOCK: tl.constexpr,
+def _norm_rope_kernel(
+    x_ptr, positions_ptr, weight_ptr, cos_sin_ptr, rows, row_stride, cos_sin_stride, eps,
+    HEADS: tl.constexpr, HALF_DIM: tl.constexpr, BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     row_ok = row < rows
@@ -41,39 +45,47 @@ def _qk_norm_rope_kernel(
     rotary = cos_sin_ptr + position[:, None] * cos_sin_stride + dims[None, :]
     cos = tl.load(rotary, mask=mask, other=0.0).to(tl.float32)
     sin = tl.load(rotary + HALF_DIM, mask=mask, other=0.0).to(tl.float32)
-    q_low, q_high = tl.load(q_weight_ptr + dims).to(tl.float32), tl.load(q_weight_ptr + HALF_DIM + dims).to(tl.float32)
-    k_low, k_high = tl.load(k_weight_ptr + dims).to(tl.float32), tl.load(k_weight_ptr + HALF_DIM + dims).to(tl.float32)
-    for head in tl.static_range(Q_HEADS + K_HEADS):
-        if head < Q_HEADS:
-            w_low, w_high = q_low, q_high
-        else:
-            w_low, w_high = k_low, k_high
-        low_ptr = qkv_ptr + row[:, None] * row_stride + head * 2 * HALF_DIM + dims[None, :]
+    w_low = tl.load(weight_ptr + dims).to(tl.float32)
+    w_high = tl.load(weight_ptr + HALF_DIM + dims).to(tl.float32)
+    for head in tl.static_range(HEADS):
+        low_ptr = x_ptr + row[:, None] * row_stride + head * 2 * HALF_DIM + dims[None, :]
         low = tl.load(low_ptr, mask=mask, other=0.0).to(tl.float32)
         high = tl.load(low_ptr + HALF_DIM, mask=mask, other=0.0).to(tl.float32)
         inverse_rms = tl.rsqrt((tl.sum(low * low, 1) + tl.sum(high * high, 1)) / (2 * HALF_DIM) + eps)
         low = low * inverse_rms[:, None] * w_low[None, :]
         high = high * inverse_rms[:, None] * w_high[None, :]
-        out_type = qkv_ptr.dtype.element_ty
+        out_type = x_ptr.dtype.element_ty
         tl.store(low_ptr, (low * cos - high * sin).to(out_type), mask=mask)
         tl.store(low_ptr + HALF_DIM, (high * cos + low * sin).to(out_type), mask=mask)
 
 
-def qk_norm_rope(
-    qkv: torch.Tensor, positions: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
-    cos_sin: torch.Tensor, q_heads: int, k_heads: int, eps: float, block_rows: int = BLOCK_ROWS, num_warps: int = 4,
-) -> None:
-    """Normalises and rotates, in place, the first ``q_heads + k_heads`` heads of every row of
-    ``qkv`` ([tokens, (q_heads + 2 * k_heads) * head_dim], rows at any stride, columns dense);
-    ``cos_sin``: [positions, head_dim], the cosines then the sines, as vLLM's rotary cache.
-    ``block_rows`` and ``num_warps``: the launch shape (the bench tries others)."""
-    head_dim = q_weight.shape[0]
-    if qkv.stride(1) != 1 or cos_sin.stride(1) != 1:
-        raise ValueError("qk_norm_rope: qkv's and cos_sin's columns must be contiguous")
-    if head_dim % 2 or head_dim & (head_dim - 1) or cos_sin.shape[1] != head_dim:
-        raise ValueError(f"qk_norm_rope: head_dim {head_dim} must be a power of two rotated whole")
-    rows = qkv.shape[0]
-    _qk_norm_rope_kernel[(triton.cdiv(rows, block_rows),)](
-        qkv, positions, q_weight, k_weight, cos_sin, rows, qkv.stride(0), cos_sin.stride(0), eps,
-        Q_HEADS=q_heads, K_HEADS=k_heads, HALF_DIM=head_dim // 2, BLOCK=block_rows, num_warps=num_warps,
-    )
+@dataclass(frozen=True, slots=True)
+class NormRope:
+    """One projection's per-head RMSNorm (its weight, ``eps``) then neox rotary over whole heads
+    (``cos_sin``: [positions, head_dim], the cosines then the sines, as vLLM's rotary cache, in
+    the activations' dtype), over ``heads`` heads. Applied here in place, or by the segment
+    attention kernel as it loads Q."""
+
+    weight: torch.Tensor
+    cos_sin: torch.Tensor
+    heads: int
+    eps: float
+
+    def __post_init__(self) -> None:
+        head_dim = self.weight.shape[0]
+        if self.cos_sin.stride(1) != 1:
+            raise ValueError("norm_rope: cos_sin's columns must be contiguous")
+        if head_dim % 2 or head_dim & (head_dim - 1) or self.cos_sin.shape[1] != head_dim:
+            raise ValueError(f"norm_rope: head_dim {head_dim} must be a power of two rotated whole")
+
+    def apply(self, x: torch.Tensor, positions: torch.Tensor, block_rows: int = BLOCK_ROWS, num_warps: int = 4) -> None:
+        """Normalises and rotates, in place, the first ``heads`` heads of every row of ``x``
+        (rows at any stride, columns dense). ``block_rows`` and ``num_warps``: the launch shape
+        (the bench tries others)."""
+        if x.stride(1) != 1:
+            raise ValueError("norm_rope: the rows' columns must be contiguous")
+        rows = x.shape[0]
+        _norm_rope_kernel[(triton.cdiv(rows, block_rows),)](
+            x, positions, self.weight, self.cos_sin, rows, x.stride(0), self.cos_sin.stride(0), self.eps,
+            HEADS=self.heads, HALF_DIM=self.weight.shape[0] // 2, BLOCK=block_rows, num_warps=num_warps,
+        )

@@ -11,6 +11,11 @@ starting at the group's first key row), then its own rows up to the diagonal, wi
 tiles. The grid orders a group's programs next to each other, so its keys come from L2 after
 the first read.
 
+Where the layer hands over Q before its per-head RMSNorm and rotary (Qwen3), the kernel applies
+them as it loads a Q tile, with the arithmetic of :mod:`.qk_norm_rope`: Q is read once and
+never written back, where a separate pass read and wrote all of it (two thirds of that pass's
+bytes; its K third still runs before the attention).
+
 The plan describes every causal group this way (:class:`~scoring_plugin.packing.AttentionPlan`):
 group ``g``'s keys are ``k_len - q_len`` prefix rows from ``key_starts[g]`` (none for a head or
 a headless pair), then its own ``q_len`` rows, causally aligned to the group's end.
@@ -28,6 +33,8 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+
+from scoring_plugin.models.qk_norm_rope import NormRope
 
 _LOG2E = math.log2(math.e)
 
@@ -83,11 +90,34 @@ def _attend_block(
 
 
 @triton.jit
+def _norm_rope_tile(q, q_rows, head_columns, row_ok, position, weight_ptr, cos_sin_ptr, cos_sin_stride, eps, dims,
+                    HEAD_DIM: tl.constexpr):
+    """A Q tile's per-head RMSNorm and neox rotary, the arithmetic of
+    :mod:`~scoring_plugin.models.qk_norm_rope` (fp32, one rounding to Q's dtype). Rotation pairs
+    each dimension with the one half a head away: that column is loaded a second time (the same
+    cache lines) rather than shuffled in registers."""
+    half: tl.constexpr = HEAD_DIM // 2
+    low = dims < half
+    partner = dims + tl.where(low, half, -half)
+    other = tl.load(q_rows + head_columns + (partner - dims)[None, :], mask=row_ok[:, None], other=0.0)
+    q32, other = q.to(tl.float32), other.to(tl.float32)
+    inverse_rms = tl.rsqrt(tl.sum(q32 * q32, 1) / HEAD_DIM + eps)[:, None]
+    q32 = q32 * inverse_rms * tl.load(weight_ptr + dims).to(tl.float32)[None, :]
+    other = other * inverse_rms * tl.load(weight_ptr + partner).to(tl.float32)[None, :]
+    rotary = cos_sin_ptr + position[:, None] * cos_sin_stride + (dims % half)[None, :]
+    cos = tl.load(rotary).to(tl.float32)
+    sin = tl.load(rotary + half).to(tl.float32)
+    return tl.where(low[None, :], q32 * cos - other * sin, q32 * cos + other * sin).to(q.dtype)
+
+
+@triton.jit
 def _segment_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, cu_q_ptr, cu_k_ptr, key_starts_ptr,
     q_stride, k_stride, v_stride, out_stride, scale_log2,
+    positions_ptr, q_weight_ptr, cos_sin_ptr, cos_sin_stride, eps,
     QUERIES_PER_KV: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, END_ALIGNED: tl.constexpr,
     HEAD_DIM: tl.constexpr, DIM_TILE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    NORM_ROPE_Q: tl.constexpr,
 ):
     block = tl.program_id(0)
     first_head = tl.program_id(1) * HEADS_PER_PROGRAM
@@ -117,8 +147,11 @@ def _segment_attention_kernel(
             first_row = block * BLOCK_M
             rows = first_row + offsets
             row_ok = rows < q_len
-        q = tl.load(q_ptr + (q_start + rows)[:, None] * q_stride + head_columns,
-                    mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+        q_rows = q_ptr + (q_start + rows)[:, None] * q_stride
+        q = tl.load(q_rows + head_columns, mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+        if NORM_ROPE_Q:
+            q = _norm_rope_tile(q, q_rows, head_columns, row_ok, tl.load(positions_ptr + q_start + rows, mask=row_ok, other=0),
+                                q_weight_ptr, cos_sin_ptr, cos_sin_stride, eps, dims, HEAD_DIM)
         kv_column = (first_head // QUERIES_PER_KV) * HEAD_DIM
         k_head, v_head = k_ptr + kv_column, v_ptr + kv_column
         row_max = tl.full([HEADS_PER_PROGRAM * BLOCK_M], float("-inf"), tl.float32)
@@ -147,10 +180,12 @@ def segment_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     cu_q: torch.Tensor, cu_k: torch.Tensor, key_starts: torch.Tensor, max_q: int,
     num_heads: int, num_kv_heads: int, scale: float, tiling: Tiling | None = None,
+    q_norm_rope: NormRope | None = None, positions: torch.Tensor | None = None,
 ) -> None:
     """Writes the attention of every group's rows into ``out``. ``q``/``out``: [tokens, heads *
     head_dim], ``k``/``v``: [tokens, kv_heads * head_dim], rows at any stride, columns dense;
-    ``tiling``: the served one where not given."""
+    ``tiling``: the served one where not given. ``q_norm_rope``: Q's RMSNorm + rotary, still to
+    apply (at each token's ``positions``), done as Q is loaded: ``q`` is only read."""
     head_dim = q.shape[1] // num_heads
     for name, tensor in (("q", q), ("k", k), ("v", v), ("out", out)):
         if tensor.stride(1) != 1:
@@ -161,12 +196,20 @@ def segment_attention(
     if queries_per_kv % tiling.heads_per_program:
         raise ValueError(f"segment_attention: {tiling.heads_per_program} heads per program do not divide the "
                          f"{queries_per_kv} query heads of a KV head")
+    if q_norm_rope is None:
+        rope_args: tuple[object, ...] = (q, q, q, 0, 0.0)
+    elif positions is None or q_norm_rope.weight.shape[0] != head_dim or q_norm_rope.heads != num_heads:
+        raise ValueError("segment_attention: Q's norm + rotary needs the positions and Q's head size and count")
+    else:
+        rope_args = (positions, q_norm_rope.weight, q_norm_rope.cos_sin, q_norm_rope.cos_sin.stride(0),
+                     q_norm_rope.eps)
     grid = (triton.cdiv(max_q, tiling.block_m), num_heads // tiling.heads_per_program, groups)
     _segment_attention_kernel[grid](
         q, k, v, out, cu_q, cu_k, key_starts, q.stride(0), k.stride(0), v.stride(0), out.stride(0),
-        scale * _LOG2E,
+        scale * _LOG2E, *rope_args,
         QUERIES_PER_KV=queries_per_kv, HEADS_PER_PROGRAM=tiling.heads_per_program, END_ALIGNED=tiling.end_aligned,
         HEAD_DIM=head_dim,
         DIM_TILE=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_M=tiling.block_m, BLOCK_N=tiling.block_n, num_warps=tiling.num_warps, num_stages=tiling.num_stages,
+        BLOCK_M=tiling.block_m, BLOCK_N=tiling.block_n, NORM_ROPE_Q=q_norm_rope is not None,
+        num_warps=tiling.num_warps, num_stages=tiling.num_stages,
     )
