@@ -132,7 +132,9 @@ def main() -> None:
     layers = list(scorer.layers)
     fused_layers = sum(getattr(getattr(layer, "self_attn", None), "fused_norm_rope", False) for layer in layers)
     piecewise = next((g for g in scorer.graphs if isinstance(g, LayerGraphs)), None)
-    full = None if piecewise is None else FullGraphs(layers, hidden_size, scorer.attn_width, FULL_GRAPH_TOKENS)
+    scores_only = bool(getattr(scorer, "scores_only", False))  # as the server runs the stack
+    full = None if piecewise is None else FullGraphs(layers, hidden_size, scorer.attn_width, FULL_GRAPH_TOKENS,
+                                                     scores_only)
     tf32 = torch.cuda.is_available() and scenario.dtype == "float32"
     sizes = [s for s in (workload.head + workload.segment * n for n in workload.table_pairs) if s <= scenario.pack_tokens]
     sizes += [s for s in (8192, scenario.pack_tokens) if s <= scenario.pack_tokens and s not in sizes]
@@ -152,7 +154,8 @@ def main() -> None:
             row: dict[str, Any] = {"tokens": count, "calls": len(layouts), "pairs": sum(len(l) - 1 for l in layouts)}
 
             def eager(hidden: torch.Tensor = hidden, plan: DevicePlan = plan) -> tuple[torch.Tensor, torch.Tensor]:
-                return run_eager(layers, hidden.clone(), plan.positions, plan, scorer.attn_width)
+                return run_eager(layers, hidden.clone(), plan.positions, plan, scorer.attn_width,
+                                 rows=plan.score_rows if scores_only else None)
 
             row["eager_ms"] = round(timed(eager, args.repeats), 3)
             if piecewise is not None:

@@ -161,12 +161,16 @@ class _Bucket:
 class FullGraphs:
     """:class:`~.layer_graphs.GraphRunner` for steps up to ``max_tokens`` whose groups and keys
     fit their bucket. Captures every bucket on first use (vLLM's profiling run, so the graph
-    memory is counted), largest first in one pool."""
+    memory is counted), largest first in one pool. ``scores_only``: the last layer's output
+    projection and MLP run on the score rows alone, a bucket's capacity of them (one per group
+    slot; slots past the step's read row 0)."""
 
     def __init__(
-        self, layers: Sequence[SplitLayer], hidden_size: int, attn_width: int, max_tokens: int
+        self, layers: Sequence[SplitLayer], hidden_size: int, attn_width: int, max_tokens: int,
+        scores_only: bool = False,
     ) -> None:
         self.layers = layers
+        self.scores_only = scores_only
         self.hidden_size, self.attn_width = hidden_size, attn_width
         self.buckets = token_buckets(max_tokens)
         self._captured: dict[int, _Bucket] | None = None
@@ -201,7 +205,8 @@ class FullGraphs:
             return None
         bucket.graph.replay()
         out_hidden, out_residual = bucket.out
-        return out_hidden[:tokens], out_residual[:tokens], loaded
+        rows = loaded.score_rows.shape[0] if self.scores_only else tokens
+        return out_hidden[:rows], out_residual[:rows], loaded
 
     def _capture_all(self, like: torch.Tensor) -> dict[int, _Bucket]:
         from vllm.utils.torch_utils import weak_ref_tensor
@@ -217,10 +222,11 @@ class FullGraphs:
         captured: dict[int, _Bucket] = {}
         for size in reversed(self.buckets):
             graph = torch.cuda.CUDAGraph()
+            rows = inputs.score_rows[: group_capacity(size)] if self.scores_only else None
             with torch.cuda.graph(graph, pool=pool):
                 hidden, residual = run_eager(
                     self.layers, inputs.embeds[:size], inputs.positions[:size], plans[size], self.attn_width,
-                    inputs.attn[:size],
+                    inputs.attn[:size], rows,
                 )
             # Weak: a smaller bucket's capture may reuse this memory; only one bucket replays
             # per step and its outputs are read before the next replay.
@@ -252,7 +258,8 @@ class FullGraphs:
             on_device = DevicePlan.of(plan, like.device, like.dtype)
             hidden = torch.randn(tokens, self.hidden_size, dtype=like.dtype, device=like.device, generator=generator)
             # A clone: the first layer adds into its input in place (the residual stream).
-            expected = run_eager(self.layers, hidden.clone(), on_device.positions, on_device, self.attn_width)
+            rows = on_device.score_rows if self.scores_only else None
+            expected = run_eager(self.layers, hidden.clone(), on_device.positions, on_device, self.attn_width, rows=rows)
             replayed = self._replay(captured, hidden, plan)
             assert replayed is not None
             for want, got in zip(expected, replayed[:2]):
@@ -268,16 +275,18 @@ def pooler_graphs(
     vllm_config: VllmConfig,
     piecewise: bool,
     full_tokens: int,
+    scores_only: bool = False,
 ) -> list[GraphRunner]:
     """A packed pooler's graph runners, smallest steps first: whole-step graphs up to
     ``full_tokens`` (CUDA, fp16/bf16 where flash-attention runs the layers' attention), then
-    piecewise graphs up to the step limit; none where graphs are off or cannot run."""
+    piecewise graphs up to the step limit; none where graphs are off or cannot run.
+    ``scores_only``: the stack's result holds the score rows alone (:func:`~.layer_graphs.run_layers`)."""
     limit = graph_tokens(vllm_config, piecewise)
     if limit is None:
         return []
     runners: list[GraphRunner] = []
     full = min(full_tokens, limit)
     if full >= 16 and vllm_config.model_config.dtype in (torch.float16, torch.bfloat16) and flash_available():
-        runners.append(FullGraphs(layers, hidden_size, attn_width, full))
-    runners.append(LayerGraphs(layers, hidden_size, attn_width, limit))
+        runners.append(FullGraphs(layers, hidden_size, attn_width, full, scores_only))
+    runners.append(LayerGraphs(layers, hidden_size, attn_width, limit, scores_only))
     return runners

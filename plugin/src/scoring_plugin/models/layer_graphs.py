@@ -31,7 +31,8 @@ from scoring_plugin.packing import AttentionPlan
 logger = logging.getLogger(__name__)
 
 # (hidden, residual) of the last layer, and the step's plan on the device as the layers read it
-# (the pooler's gathers read it too).
+# (the pooler's gathers read it too). Every token's rows, or only the plan's score rows (in its
+# order) where the stack runs for scores alone.
 LayersOut = tuple[torch.Tensor, torch.Tensor, DevicePlan]
 
 
@@ -65,15 +66,19 @@ def run_eager(
     plan: DevicePlan,
     attn_width: int,
     attn: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The stack without graphs (the CPU backend, fp32 reference runs, steps past the buckets),
     and the body a whole-step graph captures. ``attn`` receives each layer's attention (rows the
-    plan leaves out keep what they held); fresh memory per layer when None."""
+    plan leaves out keep what they held); fresh memory per layer when None. ``rows``: the last
+    layer's output projection and MLP run on these rows alone, and the result holds them only."""
     residual: torch.Tensor | None = None
     for layer in layers:
         q, k, v, residual = layer.attention_inputs(hidden, residual, positions)
         out = q.new_empty(q.shape[0], attn_width) if attn is None else attn
         layer.attend(q, k, v, plan, out)
+        if rows is not None and layer is layers[-1]:
+            return layer.finish(out.index_select(0, rows), residual.index_select(0, rows))
         hidden, residual = layer.finish(out, residual)
     assert residual is not None
     return hidden, residual
@@ -96,15 +101,18 @@ def run_layers(
     hidden: torch.Tensor,
     plan: AttentionPlan,
     attn_width: int,
+    scores_only: bool = False,
 ) -> LayersOut:
     """The stack over one step: the first of ``graphs`` that holds the step replays it, else the
-    layers run eager."""
+    layers run eager. ``scores_only``: the result holds the plan's score rows alone (as the
+    graphs were built: :func:`~.full_graphs.pooler_graphs`)."""
     for runner in graphs:
         out = runner.run(hidden, plan)
         if out is not None:
             return out
     on_device = DevicePlan.of(plan, hidden.device, hidden.dtype)
-    return (*run_eager(layers, hidden, on_device.positions, on_device, attn_width), on_device)
+    rows = on_device.score_rows if scores_only else None
+    return (*run_eager(layers, hidden, on_device.positions, on_device, attn_width, rows=rows), on_device)
 
 
 def token_buckets(max_tokens: int, smallest: int = 16) -> list[int]:
@@ -122,24 +130,31 @@ def token_buckets(max_tokens: int, smallest: int = 16) -> list[int]:
 
 class _Bucket:
     """One token count's graphs. Piece 0 embeds-to-qkv of layer 0; piece i finishes layer i-1 and
-    prepares layer i; the last piece finishes the last layer. Outputs live in the shared graph
-    pool and are held as weak references: a piece's outputs may reuse the memory of outputs two
-    pieces back, which replay order has already consumed."""
+    prepares layer i; the last piece, where there is one, finishes the last layer. Outputs live
+    in the shared graph pool and are held as weak references: a piece's outputs may reuse the
+    memory of outputs two pieces back, which replay order has already consumed."""
 
     def __init__(self) -> None:
         self.graphs: list[torch.cuda.CUDAGraph] = []
         self.qkv: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.last_residual: torch.Tensor | None = None  # the last layer's input residual
         self.out: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class LayerGraphs:
     """Captures every bucket up to ``max_tokens`` on first use (vLLM's profiling run, so the
-    graph memory is counted), largest first so smaller buckets reuse the same pool."""
+    graph memory is counted), largest first so smaller buckets reuse the same pool.
+    ``scores_only``: the last layer's output projection and MLP run eagerly on the step's score
+    rows alone (their count changes every step), not as a captured piece over every row: a
+    rerank step scores one row per pair, and the rest of that work (a 28th of the MLPs) would be
+    thrown away."""
 
     def __init__(
-        self, layers: Sequence[SplitLayer], hidden_size: int, attn_width: int, max_tokens: int
+        self, layers: Sequence[SplitLayer], hidden_size: int, attn_width: int, max_tokens: int,
+        scores_only: bool = False,
     ) -> None:
         self.layers = layers
+        self.scores_only = scores_only
         self.hidden_size, self.attn_width = hidden_size, attn_width
         self.buckets = token_buckets(max_tokens)
         self._captured: dict[int, _Bucket] = {}
@@ -166,6 +181,13 @@ class LayerGraphs:
         for layer, graph, (q, k, v) in zip(self.layers, bucket.graphs, bucket.qkv):
             graph.replay()
             layer.attend(q[:tokens], k[:tokens], v[:tokens], on_device, self._attn[:tokens])
+        if self.scores_only:
+            assert bucket.last_residual is not None
+            rows = on_device.score_rows
+            hidden, residual = self.layers[-1].finish(
+                self._attn.index_select(0, rows), bucket.last_residual.index_select(0, rows)
+            )
+            return hidden, residual, on_device
         bucket.graphs[-1].replay()
         assert bucket.out is not None
         out_hidden, out_residual = bucket.out
@@ -188,7 +210,7 @@ class LayerGraphs:
             embeds, positions, attn = self._embeds[:size], self._positions[:size], self._attn[:size]
             held: tuple[torch.Tensor, ...] = ()
             residual: torch.Tensor | None = None
-            for index in range(len(self.layers) + 1):
+            for index in range(len(self.layers) + (0 if self.scores_only else 1)):
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
                     if index == 0:
@@ -208,12 +230,13 @@ class LayerGraphs:
                 if index < len(self.layers):
                     q, k, v, residual = weak
                     bucket.qkv.append((q, k, v))
+                    bucket.last_residual = residual
                 else:
                     bucket.out = (weak[0], weak[1])
             del held
             self._captured[size] = bucket
         torch.cuda.synchronize()
-        pieces = len(self.buckets) * (len(self.layers) + 1)
+        pieces = sum(len(bucket.graphs) for bucket in self._captured.values())
         logger.info("captured %d pooler graphs: %d token buckets up to %d", pieces, len(self.buckets), largest)
 
     def _warm_up(self, size: int) -> None:

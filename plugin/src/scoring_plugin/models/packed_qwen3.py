@@ -6,8 +6,10 @@ request lives in its pooling parameters. So ``forward`` only embeds the tokens, 
 runs the transformer: it builds the step's :class:`AttentionPlan` from the layouts, runs the
 decoder layers with pair-isolated attention (:class:`PairAttention`: on CUDA in fp16/bf16 a
 Triton kernel where each query group reads its own key ranges in place; padded-batch SDPA
-elsewhere, fp32 included), and reads one score at the end of each segment. A request without a layout is one plain pair, so the model also serves unpacked
-prompts, with the same weights and checkpoint as ``Qwen3ForSequenceClassification``.
+elsewhere, fp32 included), and reads one score at the end of each segment: the last layer's
+output projection and MLP run on those rows alone. A request without a layout is one plain
+pair, so the model also serves unpacked prompts, with the same weights and checkpoint as
+``Qwen3ForSequenceClassification``.
 
 On CUDA the layers between two attentions replay as CUDA graphs at bucketed token counts
 (:mod:`scoring_plugin.models.layer_graphs`): eager, their kernel launches were the fixed cost of a
@@ -198,6 +200,10 @@ class PackedPairScorer(Pooler):
     """The decoder layers, the final norm and the score head, run over the pooled step; on CUDA
     the layers replay as CUDA graphs (:func:`~.full_graphs.pooler_graphs`) as ``settings`` asks."""
 
+    # One score per pair, read at its last token: the last layer's output projection and MLP
+    # run for those rows alone (:func:`~.layer_graphs.run_layers`).
+    scores_only = True
+
     def __init__(self, config: Qwen3Config, prefix: str, vllm_config: VllmConfig, settings: RerankSettings) -> None:
         super().__init__()
         self.layers = nn.ModuleList(
@@ -209,7 +215,7 @@ class PackedPairScorer(Pooler):
         self.attn_width = attention.attn.num_heads * attention.head_dim
         self.graphs = pooler_graphs(
             list(self.layers), config.hidden_size, self.attn_width, vllm_config,
-            settings.pooler_graphs, settings.pooler_full_graph_tokens,
+            settings.pooler_graphs, settings.pooler_full_graph_tokens, self.scores_only,
         )
         self._kernels_chosen = False
 
@@ -220,9 +226,10 @@ class PackedPairScorer(Pooler):
         _, _, host_plan = step_plan(pooling_metadata, "a packed request arrived in pieces; chunked prefill must be off")
         if not self._kernels_chosen:
             self._choose_kernels()
-        hidden, residual, plan = run_layers(list(self.layers), self.graphs, hidden_states, host_plan, self.attn_width)
-        rows = plan.score_rows
-        last, _ = self.norm(hidden.index_select(0, rows), residual.index_select(0, rows))
+        hidden, residual, _ = run_layers(
+            list(self.layers), self.graphs, hidden_states, host_plan, self.attn_width, self.scores_only
+        )
+        last, _ = self.norm(hidden, residual)
         scores, _ = self.score(last)
         return list(scores.float().squeeze(-1).split(host_plan.segments))
 
