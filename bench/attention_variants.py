@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from harness import conditions
-from scoring_plugin.models.qk_norm_rope import BLOCK_ROWS
+from scoring_plugin.models.qk_norm_rope import rows_per_program
 from scoring_plugin.models.segment_attention import Tiling
 from packed_step import RERANK
 
@@ -55,7 +55,7 @@ TILINGS = [
 
 
 # Q/K norm + rotary launch shapes tried beside the served one: (rows per program, warps).
-NORM_ROPE_SHAPES = [(8, 2), (8, 4), (32, 4), (32, 8), (64, 8)]
+NORM_ROPE_SHAPES = [(8, 4), (16, 4), (16, 8), (32, 8), (64, 8)]
 
 
 def tiling_name(tiling: Tiling) -> str:
@@ -190,13 +190,13 @@ def norm_rope_variants(tokens: int) -> dict[str, dict[str, float]]:
         q_rope.apply(work[:, :q_size], positions)
         k_rope.apply(work[:, q_size : q_size + KV_HEADS * HEAD_DIM], positions)
 
-    def k_alone(block_rows: int = BLOCK_ROWS, num_warps: int = 4) -> Callable[[torch.Tensor], None]:
+    def k_alone(block_rows: int | None = None, num_warps: int = 4) -> Callable[[torch.Tensor], None]:
         return lambda work: k_rope.apply(work[:, q_size : q_size + KV_HEADS * HEAD_DIM], positions, block_rows,
                                          num_warps)
 
     both, k_only = 2 * tokens * (HEADS + KV_HEADS) * HEAD_DIM * 2, 2 * tokens * KV_HEADS * HEAD_DIM * 2
     kernels = {"vLLM _C::fused_qk_norm_rope, Q and K": (vllm_fused, both), "Triton, Q then K": (q_then_k, both),
-               f"Triton, K alone ({BLOCK_ROWS} rows, served)": (k_alone(), k_only)}
+               f"Triton, K alone ({rows_per_program(KV_HEADS)} rows, served)": (k_alone(), k_only)}
     for block_rows, num_warps in NORM_ROPE_SHAPES:
         kernels[f"Triton, K alone, {block_rows} rows, {num_warps} warps"] = (k_alone(block_rows, num_warps), k_only)
     rows: dict[str, dict[str, float]] = {}

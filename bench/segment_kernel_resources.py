@@ -34,21 +34,25 @@ HEAD_DIM, QUERIES_PER_KV = 128, 2
 POINTERS = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*bf16",
             "cu_q_ptr": "*i32", "cu_k_ptr": "*i32", "key_starts_ptr": "*i32"}
 SCALARS = {"q_stride": "i32", "k_stride": "i32", "v_stride": "i32", "out_stride": "i32", "scale_log2": "fp32"}
+# Q's norm + rotary on load: positions, the norm's weight, the rotary cache and its row stride, eps.
+ROPE = {"positions_ptr": "*i64", "q_weight_ptr": "*bf16", "cos_sin_ptr": "*bf16", "cos_sin_stride": "i32",
+        "eps": "fp32"}
 
 
-def compiled(tiling: Tiling) -> tuple[int, int, int]:
+def compiled(tiling: Tiling, norm_rope_q: bool = False) -> tuple[int, int, int]:
     """(shared bytes per program, registers per thread, spilled bytes per thread) of the kernel
-    compiled for sm_90."""
+    compiled for sm_90, with Q's norm + rotary on load where asked."""
     constants = {"QUERIES_PER_KV": QUERIES_PER_KV, "HEADS_PER_PROGRAM": tiling.heads_per_program,
                  "END_ALIGNED": tiling.end_aligned, "HEAD_DIM": HEAD_DIM, "DIM_TILE": HEAD_DIM,
-                 "BLOCK_M": tiling.block_m, "BLOCK_N": tiling.block_n}
-    signature = {**POINTERS, **SCALARS, **dict.fromkeys(constants, "constexpr")}
+                 "BLOCK_M": tiling.block_m, "BLOCK_N": tiling.block_n, "NORM_ROPE_Q": norm_rope_q}
+    signature = {**POINTERS, **SCALARS, **ROPE, **dict.fromkeys(constants, "constexpr")}
     names = list(signature)
+    divisible = [names.index(name) for name in (*POINTERS, *SCALARS, *ROPE) if name not in ("scale_log2", "eps")]
     source = ASTSource(
         fn=_segment_attention_kernel, signature=signature,
         constexprs={(names.index(name),): value for name, value in constants.items()},
         # Pointers and strides divisible by 16, as the served tensors' are (Triton specialises so).
-        attrs={(i,): [["tt.divisibility", 16]] for i in range(len(POINTERS) + len(SCALARS) - 1)},
+        attrs={(i,): [["tt.divisibility", 16]] for i in divisible},
     )
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
                             options={"num_warps": tiling.num_warps, "num_stages": tiling.num_stages})
@@ -84,11 +88,13 @@ def main() -> None:
         "| programs per SM by registers / shared memory | query rows in flight per SM |",
         "|---|---|---|---|---|---|",
     ]
-    for tiling in TILINGS:
-        shared, registers, spilled = compiled(tiling)
+    served = Tiling.served(QUERIES_PER_KV)
+    for tiling, norm_rope_q in [*((t, False) for t in TILINGS), (served, True)]:
+        shared, registers, spilled = compiled(tiling, norm_rope_q)
         by_registers, by_shared = per_sm(shared, registers, tiling.num_warps)
         rows = tiling.block_m * tiling.heads_per_program
-        lines.append(f"| {tiling_name(tiling)} | {rows} | {shared / 1024:.0f} | {registers} ({spilled}) "
+        name = tiling_name(tiling) + (", Q norm + rotary on load" if norm_rope_q else "")
+        lines.append(f"| {name} | {rows} | {shared / 1024:.0f} | {registers} ({spilled}) "
                      f"| {by_registers} / {by_shared} | {rows * min(by_registers, by_shared)} |")
     table = "\n".join(lines)
     print(table)

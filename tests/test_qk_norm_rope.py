@@ -13,7 +13,7 @@ import torch
 from triton_interpreter import run_interpreted
 
 Q_HEADS, K_HEADS, HEAD_DIM = 4, 2, 32
-ROWS = (1, 37, 64)  # one row; a last block of 5; whole blocks
+ROWS = (1, 37, 64, 100)  # one row; a part of a block; a whole one (64 rows per program here); both
 
 
 def vllm_rope(head_dim: int, max_position: int, theta: float) -> torch.nn.Module:
@@ -110,6 +110,14 @@ def test_head_dim_must_be_a_power_of_two() -> None:
 
     with pytest.raises(ValueError, match="head_dim 24"):
         NormRope(torch.ones(24), torch.zeros(8, 24), 2, 1e-6)
+
+
+def test_a_program_takes_about_256_head_rows() -> None:
+    """K alone (Qwen3-0.6B: 8 heads) at 32 rows, Q alone (16) at 16, as the H200 bench chose."""
+    pytest.importorskip("triton")
+    from scoring_plugin.models.qk_norm_rope import rows_per_program
+
+    assert [rows_per_program(h) for h in (1, 8, 16, 24, 64)] == [64, 32, 16, 16, 8]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the H200 staging)")

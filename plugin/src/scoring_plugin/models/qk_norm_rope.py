@@ -23,11 +23,17 @@ import torch
 import triton
 import triton.language as tl
 
-# Rows per program, with 4 warps: what the end-to-end A/B ran (run15, Q and K together). 32 rows
-# were faster at 16k tokens (`bench/attention_variants.py`: 56.9 us per layer against 65.3, under
-# 1% of a step) but leave a one-document step (145 tokens, a whole-step graph) five programs for
-# 132 SMs, a cost that eager timings cannot show (launch-bound there) and no A/B has measured.
-BLOCK_ROWS = 16
+# Head rows per program (rows x heads), with 4 warps. Q and K together at 16 rows (384 head rows)
+# were what the run15 A/B served; K alone beside the segment kernel (8 heads) was fastest at 32
+# rows at 8-16k tokens (`bench/attention_variants.py`, run16: 22.2 against 31.4 us at 16 rows),
+# Q alone (16 heads, whole-step graphs) keeps 16. At these sizes no program holds more than
+# run15's, so a small step's programs are no slower than those the A/B measured.
+HEAD_ROWS = 256
+
+
+def rows_per_program(heads: int) -> int:
+    """Rows per program for ``heads`` heads: a power of two near HEAD_ROWS head rows, 8 to 64."""
+    return min(64, max(8, triton.next_power_of_2(HEAD_ROWS // heads)))
 
 
 # The row count is not specialised on: one compiled kernel serves every step, so none compiles
@@ -78,13 +84,16 @@ class NormRope:
         if head_dim % 2 or head_dim & (head_dim - 1) or self.cos_sin.shape[1] != head_dim:
             raise ValueError(f"norm_rope: head_dim {head_dim} must be a power of two rotated whole")
 
-    def apply(self, x: torch.Tensor, positions: torch.Tensor, block_rows: int = BLOCK_ROWS, num_warps: int = 4) -> None:
+    def apply(
+        self, x: torch.Tensor, positions: torch.Tensor, block_rows: int | None = None, num_warps: int = 4
+    ) -> None:
         """Normalises and rotates, in place, the first ``heads`` heads of every row of ``x``
-        (rows at any stride, columns dense). ``block_rows`` and ``num_warps``: the launch shape
-        (the bench tries others)."""
+        (rows at any stride, columns dense). ``block_rows`` (:func:`rows_per_program` where not
+        given) and ``num_warps``: the launch shape (the bench tries others)."""
         if x.stride(1) != 1:
             raise ValueError("norm_rope: the rows' columns must be contiguous")
         rows = x.shape[0]
+        block_rows = block_rows or rows_per_program(self.heads)
         _norm_rope_kernel[(triton.cdiv(rows, block_rows),)](
             x, positions, self.weight, self.cos_sin, rows, x.stride(0), self.cos_sin.stride(0), self.eps,
             HEADS=self.heads, HALF_DIM=self.weight.shape[0] // 2, BLOCK=block_rows, num_warps=num_warps,

@@ -90,24 +90,27 @@ def _attend_block(
 
 
 @triton.jit
-def _norm_rope_tile(q, q_rows, head_columns, row_ok, position, weight_ptr, cos_sin_ptr, cos_sin_stride, eps, dims,
-                    HEAD_DIM: tl.constexpr):
+def _norm_rope_tile(q_rows, head_offset, row_ok, position, weight_ptr, cos_sin_ptr, cos_sin_stride, eps,
+                    TILE: tl.constexpr, HALF_DIM: tl.constexpr):
     """A Q tile's per-head RMSNorm and neox rotary, the arithmetic of
-    :mod:`~scoring_plugin.models.qk_norm_rope` (fp32, one rounding to Q's dtype). Rotation pairs
-    each dimension with the one half a head away: that column is loaded a second time (the same
-    cache lines) rather than shuffled in registers."""
-    half: tl.constexpr = HEAD_DIM // 2
-    low = dims < half
-    partner = dims + tl.where(low, half, -half)
-    other = tl.load(q_rows + head_columns + (partner - dims)[None, :], mask=row_ok[:, None], other=0.0)
-    q32, other = q.to(tl.float32), other.to(tl.float32)
-    inverse_rms = tl.rsqrt(tl.sum(q32 * q32, 1) / HEAD_DIM + eps)[:, None]
-    q32 = q32 * inverse_rms * tl.load(weight_ptr + dims).to(tl.float32)[None, :]
-    other = other * inverse_rms * tl.load(weight_ptr + partner).to(tl.float32)[None, :]
-    rotary = cos_sin_ptr + position[:, None] * cos_sin_stride + (dims % half)[None, :]
+    :mod:`~scoring_plugin.models.qk_norm_rope` (fp32, one rounding to Q's dtype), from Q's rows
+    as two halves (each dimension rotates with the one half a head away), interleaved back into
+    one tile for the dot products. Halves keep the fp32 temporaries at a quarter of the tile
+    each: with whole-width ones the kernel needed 223 registers, one program fewer per SM."""
+    half_dims = tl.arange(0, HALF_DIM)
+    low_ptr = q_rows + head_offset + half_dims[None, :]
+    low = tl.load(low_ptr, mask=row_ok[:, None], other=0.0)
+    out_type = low.dtype
+    low = low.to(tl.float32)
+    high = tl.load(low_ptr + HALF_DIM, mask=row_ok[:, None], other=0.0).to(tl.float32)
+    inverse_rms = tl.rsqrt((tl.sum(low * low, 1) + tl.sum(high * high, 1)) / (2 * HALF_DIM) + eps)[:, None]
+    low = low * inverse_rms * tl.load(weight_ptr + half_dims).to(tl.float32)[None, :]
+    high = high * inverse_rms * tl.load(weight_ptr + HALF_DIM + half_dims).to(tl.float32)[None, :]
+    rotary = cos_sin_ptr + position[:, None] * cos_sin_stride + half_dims[None, :]
     cos = tl.load(rotary).to(tl.float32)
-    sin = tl.load(rotary + half).to(tl.float32)
-    return tl.where(low[None, :], q32 * cos - other * sin, q32 * cos + other * sin).to(q.dtype)
+    sin = tl.load(rotary + HALF_DIM).to(tl.float32)
+    rotated = tl.join((low * cos - high * sin).to(out_type), (high * cos + low * sin).to(out_type))
+    return tl.reshape(tl.permute(rotated, (0, 2, 1)), (TILE, 2 * HALF_DIM))
 
 
 @triton.jit
@@ -134,10 +137,11 @@ def _segment_attention_kernel(
         tile = tl.arange(0, HEADS_PER_PROGRAM * BLOCK_M)
         if HEADS_PER_PROGRAM == 1:
             offsets = tile
-            head_columns = first_head * HEAD_DIM + dims[None, :]
+            head_offset = first_head * HEAD_DIM
         else:
             offsets = tile % BLOCK_M
-            head_columns = ((first_head + tile // BLOCK_M) * HEAD_DIM)[:, None] + dims[None, :]
+            head_offset = ((first_head + tile // BLOCK_M) * HEAD_DIM)[:, None]
+        head_columns = head_offset + dims[None, :]
         if END_ALIGNED:
             first_row = q_len - (block + 1) * BLOCK_M
             rows = first_row + offsets
@@ -148,10 +152,12 @@ def _segment_attention_kernel(
             rows = first_row + offsets
             row_ok = rows < q_len
         q_rows = q_ptr + (q_start + rows)[:, None] * q_stride
-        q = tl.load(q_rows + head_columns, mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
         if NORM_ROPE_Q:
-            q = _norm_rope_tile(q, q_rows, head_columns, row_ok, tl.load(positions_ptr + q_start + rows, mask=row_ok, other=0),
-                                q_weight_ptr, cos_sin_ptr, cos_sin_stride, eps, dims, HEAD_DIM)
+            q = _norm_rope_tile(q_rows, head_offset, row_ok, tl.load(positions_ptr + q_start + rows, mask=row_ok, other=0),
+                                q_weight_ptr, cos_sin_ptr, cos_sin_stride, eps, HEADS_PER_PROGRAM * BLOCK_M,
+                                HEAD_DIM // 2)
+        else:
+            q = tl.load(q_rows + head_columns, mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
         kv_column = (first_head // QUERIES_PER_KV) * HEAD_DIM
         k_head, v_head = k_ptr + kv_column, v_ptr + kv_column
         row_max = tl.full([HEADS_PER_PROGRAM * BLOCK_M], float("-inf"), tl.float32)
