@@ -78,10 +78,17 @@ def run_eager(
         out = q.new_empty(q.shape[0], attn_width) if attn is None else attn
         layer.attend(q, k, v, plan, out)
         if rows is not None and layer is layers[-1]:
-            return layer.finish(out.index_select(0, rows), residual.index_select(0, rows))
+            return finish_rows(layer, out, residual, rows)
         hidden, residual = layer.finish(out, residual)
     assert residual is not None
     return hidden, residual
+
+
+def finish_rows(
+    layer: SplitLayer, attn: torch.Tensor, residual: torch.Tensor, rows: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``layer``'s output projection and MLP for ``rows`` alone: (hidden, residual) of those rows."""
+    return layer.finish(attn.index_select(0, rows), residual.index_select(0, rows))
 
 
 class GraphRunner(Protocol):
@@ -183,11 +190,7 @@ class LayerGraphs:
             layer.attend(q[:tokens], k[:tokens], v[:tokens], on_device, self._attn[:tokens])
         if self.scores_only:
             assert bucket.last_residual is not None
-            rows = on_device.score_rows
-            hidden, residual = self.layers[-1].finish(
-                self._attn.index_select(0, rows), bucket.last_residual.index_select(0, rows)
-            )
-            return hidden, residual, on_device
+            return (*finish_rows(self.layers[-1], self._attn, bucket.last_residual, on_device.score_rows), on_device)
         bucket.graphs[-1].replay()
         assert bucket.out is not None
         out_hidden, out_residual = bucket.out
