@@ -15,6 +15,9 @@
 #                                     # Triton segment kernel at every tiling tried, and Q/K norm +
 #                                     # rotary, vLLM's kernel against ours; the kernels' GPU tests
 #                                     # (needs the pytest, pluggy and iniconfig wheels in .whl) (~4 min)
+#   sh bench/h200_rerank.sh mlp       # the fusions around the MLP, kernels alone: gate/up + SiLU in
+#                                     # a Triton GEMM against cuBLAS + silu_and_mul, the output
+#                                     # projection into the residual; their GPU test (~1.5 min)
 #   sh bench/h200_rerank.sh ab        # this tree against a base build (.whl-base: wheels of the
 #                                     # base commit) in one run: c=1/16/64 at 20 documents, c=1 at
 #                                     # one document (~4 min per round; AB_ROUNDS rounds, default
@@ -61,6 +64,10 @@ inline)
     python3 rerank.py --systems grpc,grpc-threads --concurrency 1 --docs-sweep 1 --seconds-per-level 8 \
         --work /tmp/bw --out "$OUT" 2>&1 | grep -A14 "^| system"
     ;;
+mlp)
+    (cd .. && python3 -m pytest -q -p no:cacheprovider tests/test_gate_up_silu.py -k gpu 2>&1 | tail -5)
+    python3 mlp_fusions.py --out "$OUT" 2>&1 | tail -20
+    ;;
 ab)
     python3 -m pip install -q --no-deps --upgrade --target /tmp/site-base "../${WHL_BASE:-.whl-base}"/*.whl
     for round in $(seq "${AB_FROM:-1}" "${AB_ROUNDS:-1}"); do  # odd rounds run this tree first, even ones the base
@@ -68,5 +75,6 @@ ab)
         python3 rerank.py --systems "$order" --base-site /tmp/site-base --docs-sweep 1 --seconds-per-level 8 \
             --work /tmp/bw --out "$OUT/ab-$round" 2>&1 | grep -A14 "^| system"
     done
+    grep -h "MLP fusions\|SiLU timings\|into the residual:" /tmp/bw/grpc-server.log | cut -c1-900 || true
     ;;
 esac

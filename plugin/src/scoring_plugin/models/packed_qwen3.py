@@ -31,9 +31,15 @@ from transformers import Qwen3Config
 from vllm.config import VllmConfig
 from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.model_executor.layers.layernorm import RMSNorm
-from vllm.model_executor.layers.linear import QKVParallelLinear, ReplicatedLinear, RowParallelLinear
+from vllm.model_executor.layers.linear import (
+    QKVParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+    UnquantizedLinearMethod,
+)
 from vllm.model_executor.layers.pooler import Pooler
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope
+from vllm.model_executor.layers.utils import default_unquantized_gemm
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.models.interfaces import IsAttentionFree
 from vllm.model_executor.models.interfaces_base import attn_type
@@ -47,6 +53,7 @@ from vllm.v1.outputs import PoolerOutput
 from vllm.v1.pool.metadata import PoolingMetadata
 
 from scoring_plugin.models.full_graphs import pooler_graphs
+from scoring_plugin.models.kernel_timing import median_ms
 from scoring_plugin.models.layer_graphs import run_layers
 from scoring_plugin.models.loading import load_all_weights
 from scoring_plugin.models.packed_attention import DevicePlan, PairAttention, step_plan
@@ -54,6 +61,7 @@ from scoring_plugin.packing import PACKED_TASK
 from scoring_plugin.rerank.settings import RerankSettings
 
 if TYPE_CHECKING:  # imports Triton, which only the CUDA paths need
+    from scoring_plugin.models.gate_up_silu import GateUpSilu, TilePlan
     from scoring_plugin.models.qk_norm_rope import NormRope
 
 logger = logging.getLogger(__name__)
@@ -168,7 +176,13 @@ class PackedQwen3Attention(nn.Module):
 
 
 class PackedQwen3Layer(nn.Module):
-    """A Qwen3 decoder layer cut at its attention (:class:`~.layer_graphs.SplitLayer`)."""
+    """A Qwen3 decoder layer cut at its attention (:class:`~.layer_graphs.SplitLayer`).
+
+    On CUDA, where start-up timing chose them (:meth:`PackedPairScorer._choose_kernels`), two
+    fusions around the MLP: the output projection adds into the residual stream inside its GEMM
+    (cuBLAS's beta = 1), so the norm after it reads one tensor instead of two and writes one
+    instead of two; and the gate/up projection applies SiLU-and-multiply in its epilogue
+    (:mod:`.gate_up_silu`)."""
 
     def __init__(self, config: Qwen3Config, prefix: str) -> None:
         super().__init__()
@@ -176,6 +190,8 @@ class PackedQwen3Layer(nn.Module):
         self.mlp = Qwen2MLP(config.hidden_size, config.intermediate_size, config.hidden_act, prefix=f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.gate_up_silu: GateUpSilu | None = None
+        self.o_proj_into_residual = False
 
     def attention_inputs(
         self, hidden: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor
@@ -191,9 +207,87 @@ class PackedQwen3Layer(nn.Module):
         self.self_attn.attend(q, k, v, plan, out)
 
     def finish(self, attn: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.o_proj_into_residual:  # residual is this layer's own: the unfused norm updates it in place too
+            residual.addmm_(attn, self.self_attn.o_proj.weight.t())
+            hidden = self.post_attention_layernorm(residual)
+        else:
+            hidden, _ = self.self_attn.o_proj(attn)
+            hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self._mlp(hidden), residual
+
+    def _mlp(self, hidden: torch.Tensor) -> torch.Tensor:
+        activation = None if self.gate_up_silu is None else self.gate_up_silu(hidden)
+        if activation is None:
+            return self.mlp(hidden)
+        out, _ = self.mlp.down_proj(activation)
+        return out
+
+    def plain_gemm(self, linear: nn.Module) -> bool:
+        """Whether ``linear`` is ``x @ weight.T`` on CUDA with nothing else in between (one GPU,
+        no quantisation, no bias, vLLM's default GEMM), so a fused path may read its weight."""
+        method = getattr(linear, "quant_method", None)
+        weight = getattr(linear, "weight", None)  # vLLM's CPU path repacks it away
+        return (
+            isinstance(method, UnquantizedLinearMethod)
+            and method._gemm_impl is default_unquantized_gemm
+            and isinstance(weight, torch.Tensor)
+            and weight.is_cuda
+            and weight.is_contiguous()
+            and getattr(linear, "bias", None) is None
+            and get_tensor_model_parallel_world_size() == 1
+        )
+
+    def use_o_proj_into_residual(self, rows: int) -> dict[str, float] | None:
+        """Turns the output projection's add into the residual on where it reproduces the
+        unfused path on a probe and is faster at ``rows`` tokens; returns the probe's relative
+        difference and both timings, None where it does not apply."""
+        o_proj = self.self_attn.o_proj
+        if not self.plain_gemm(o_proj):
+            return None
+        generator = torch.Generator(device=o_proj.weight.device).manual_seed(0)
+        attn = torch.randn(rows, o_proj.input_size, device=o_proj.weight.device, dtype=o_proj.weight.dtype,
+                           generator=generator)
+        residual = torch.randn(rows, o_proj.output_size, device=attn.device, dtype=attn.dtype, generator=generator)
+        timings: dict[str, float] = {}
+        results: list[torch.Tensor] = []
+        for fused in (False, True):
+            self.o_proj_into_residual = fused
+            state = residual.clone()
+            results.append(self._post_attention(attn[:64], state[:64]))
+            timings["fused_ms" if fused else "unfused_ms"] = median_ms(
+                lambda: self._post_attention(attn, state), repeats=10
+            )
+        expected = results[0].float()
+        relative = float((results[1].float() - expected).abs().max()) / max(float(expected.abs().max()), 1e-6)
+        self.o_proj_into_residual = relative <= 0.02 and timings["fused_ms"] < timings["unfused_ms"]
+        return {"relative_difference": relative, **timings}
+
+    def _post_attention(self, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """The normalised input of the MLP (what :meth:`finish` computes before it)."""
+        if self.o_proj_into_residual:
+            return self.post_attention_layernorm(residual.addmm_(attn, self.self_attn.o_proj.weight.t()))
         hidden, _ = self.self_attn.o_proj(attn)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        return self.post_attention_layernorm(hidden, residual)[0]
+
+    def use_gate_up_silu(self, plan: TilePlan) -> float | None:
+        """Takes the fused gate/up kernel with ``plan`` where it reproduces the unfused MLP input
+        on a probe; returns the probe's relative difference, None where it does not apply."""
+        gate_up = self.mlp.gate_up_proj
+        if not (self.plain_gemm(gate_up) and any(tile is not None for _, tile in plan)):
+            return None
+        from scoring_plugin.models.gate_up_silu import GateUpSilu, gate_up_silu  # imports Triton: CUDA only
+
+        fused = GateUpSilu(gate_up.weight, plan)
+        generator = torch.Generator(device=gate_up.weight.device).manual_seed(0)
+        probe = torch.randn(64, gate_up.input_size, device=gate_up.weight.device, dtype=gate_up.weight.dtype,
+                            generator=generator)
+        expected = self.mlp.act_fn(gate_up(probe)[0]).float()
+        tile = next(tile for _, tile in plan if tile is not None)
+        relative = float((gate_up_silu(probe, gate_up.weight, tile).float() - expected).abs().max()) / max(
+            float(expected.abs().max()), 1e-6
+        )
+        self.gate_up_silu = fused if relative <= 0.02 else None
+        return relative
 
 
 class PackedPairScorer(Pooler):
@@ -217,6 +311,7 @@ class PackedPairScorer(Pooler):
             list(self.layers), config.hidden_size, self.attn_width, vllm_config,
             settings.pooler_graphs, settings.pooler_full_graph_tokens, self.scores_only,
         )
+        self.max_tokens = vllm_config.scheduler_config.max_num_batched_tokens
         self._kernels_chosen = False
 
     def get_supported_tasks(self) -> Set[PoolingTask]:
@@ -235,6 +330,7 @@ class PackedPairScorer(Pooler):
 
     def _choose_kernels(self) -> None:
         """Once, at the first step (vLLM's profiling run: weights loaded, before any capture)."""
+        self._choose_mlp_fusions()
         differences = [layer.self_attn.use_fused_norm_rope() for layer in self.layers]
         probed = [d for d in differences if d is not None]
         fused = sum(layer.self_attn.fused_norm_rope for layer in self.layers)
@@ -246,6 +342,31 @@ class PackedPairScorer(Pooler):
         elif probed:
             logger.info("fused Q/K norm + rotary in %d layers (probe difference <= %.2g)", fused, max(probed))
         self._kernels_chosen = True
+
+    def _choose_mlp_fusions(self) -> None:
+        """The layers' fusions around the MLP (:class:`PackedQwen3Layer`), where timing on this
+        GPU at the step's token limit found them faster. Every layer has the same shapes: the
+        first one's timings decide for all; each still checks its own weights on a probe."""
+        first = self.layers[0]
+        if not first.plain_gemm(first.mlp.gate_up_proj):
+            return
+        from scoring_plugin.models.gate_up_silu import choose_tiles  # imports Triton: CUDA only
+
+        mlp = first.mlp
+        plan, timings = choose_tiles(mlp.gate_up_proj.weight, lambda x: mlp.act_fn(mlp.gate_up_proj(x)[0]),
+                                     self.max_tokens)
+        logger.info("fused gate/up + SiLU timings (ms): %s", timings)
+        residual = first.use_o_proj_into_residual(self.max_tokens)
+        logger.info("output projection into the residual: %s", residual)
+        differences = [layer.use_gate_up_silu(plan) for layer in self.layers]
+        for layer in self.layers[1:]:
+            layer.o_proj_into_residual = first.o_proj_into_residual
+        logger.info(
+            "MLP fusions: gate/up + SiLU in %d of %d layers (probe difference <= %.2g; plan %s), output "
+            "projection into the residual %s", sum(layer.gate_up_silu is not None for layer in self.layers),
+            len(self.layers), max((d for d in differences if d is not None), default=0.0),
+            [(rows, str(tile)) for rows, tile in plan], "on" if first.o_proj_into_residual else "off",
+        )
 
 
 _MAPPER = WeightsMapper(

@@ -1,0 +1,183 @@
+"""The first half of a gated MLP, ``silu(x @ gate.T) * (x @ up.T)``, as one Triton GEMM whose
+epilogue applies the activation.
+
+cuBLAS writes the whole [tokens, 2 x intermediate] product and vLLM's ``silu_and_mul`` reads it
+back to write half of it: at 16k tokens on the H200 (Qwen3-0.6B shapes) that second pass took
+76 us per layer, 2.1 ms of a 32 ms rerank step (``bench/results/packed-step-h200-bf16.md``), at
+the memory bound. Here a program accumulates a tile of gate columns and the matching up columns
+(the two halves of vLLM's merged ``gate_up_proj`` weight) and writes their product only, in one
+rounding from fp32 (the unfused path rounds the projections first: the two differ by about one
+bf16 rounding).
+
+Whether it beats cuBLAS + ``silu_and_mul`` depends on the GPU and the token count, so it is
+never assumed: :func:`choose_tiles` times the candidate tilings against that pair on this GPU at
+a few token counts, once at start-up, and a step uses the kernel only where it won
+(:class:`GateUpSilu`). The server imports this module only on CUDA (fp16/bf16); the tests run
+the kernel on the CPU through Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from scoring_plugin.models.kernel_timing import median_ms
+
+
+@dataclass(frozen=True, slots=True)
+class Tile:
+    """Launch shape: token rows and intermediate columns per program (``block_n`` gate columns
+    and as many up columns: two accumulators), reduction depth per step, warps, pipeline stages,
+    and ``group_m`` row tiles that sweep the columns together so weight tiles are reused from L2."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    group_m: int = 8
+
+    @property
+    def name(self) -> str:
+        return f"{self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages}"
+
+    def fits(self, intermediate: int, hidden: int) -> bool:
+        """The kernel reads weight tiles unmasked: the tile must divide the weight."""
+        return intermediate % self.block_n == 0 and hidden % self.block_k == 0
+
+
+# Tried at start-up (:func:`choose_tiles`). Large steps: 128 rows x 2 x 128 columns (the shape of
+# cuBLAS's 192x192-256x128 tiles at these sizes) or narrower, 3-4 stages; small steps: 64 rows,
+# which leave more programs to fill 132 SMs.
+CANDIDATES = (
+    Tile(128, 128, 64, 8, 3),
+    Tile(128, 128, 64, 8, 4),
+    Tile(128, 64, 64, 4, 4),
+    Tile(128, 64, 64, 8, 4),
+    Tile(64, 128, 64, 4, 4),
+    Tile(64, 64, 64, 4, 4),
+)
+
+
+# The row count is not specialised on: one compiled kernel per tile serves every step, so none
+# compiles inside a CUDA graph's capture.
+@triton.jit(do_not_specialize=["rows"])
+def _gate_up_silu_kernel(
+    x_ptr, w_ptr, out_ptr, rows, x_stride, out_stride,
+    INTERMEDIATE: tl.constexpr, HIDDEN: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    program = tl.program_id(0)
+    row_tiles = tl.cdiv(rows, BLOCK_M)
+    column_tiles = INTERMEDIATE // BLOCK_N
+    per_group = GROUP_M * column_tiles
+    first_row_tile = (program // per_group) * GROUP_M
+    group_rows = tl.minimum(row_tiles - first_row_tile, GROUP_M)
+    row_tile = first_row_tile + (program % per_group) % group_rows
+    column_tile = (program % per_group) // group_rows
+
+    row = row_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    column = column_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    depth = tl.arange(0, BLOCK_K)
+    row_ok = (row < rows)[:, None]
+    x_tile = x_ptr + row[:, None] * x_stride + depth[None, :]
+    gate_tile = w_ptr + column[None, :] * HIDDEN + depth[:, None]  # [BLOCK_K, BLOCK_N] of gate.T
+    up_tile = gate_tile + INTERMEDIATE * HIDDEN
+    gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in range(0, HIDDEN // BLOCK_K):
+        x = tl.load(x_tile, mask=row_ok, other=0.0)
+        gate = tl.dot(x, tl.load(gate_tile), gate)
+        up = tl.dot(x, tl.load(up_tile), up)
+        x_tile += BLOCK_K
+        gate_tile += BLOCK_K
+        up_tile += BLOCK_K
+    product = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(out_ptr + row[:, None] * out_stride + column[None, :], product.to(out_ptr.dtype.element_ty),
+             mask=row_ok)
+
+
+def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, tile: Tile, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``silu(x @ gate.T) * (x @ up.T)`` for ``weight`` = [gate; up] ([2 x intermediate, hidden],
+    dense), ``x``: [tokens, hidden] with dense columns. Into ``out`` where given."""
+    intermediate, hidden = weight.shape[0] // 2, weight.shape[1]
+    if weight.shape[0] % 2 or not weight.is_contiguous():
+        raise ValueError("gate_up_silu: the weight must be [gate; up], dense")
+    if x.dim() != 2 or x.shape[1] != hidden or x.stride(1) != 1:
+        raise ValueError(f"gate_up_silu: x must be [tokens, {hidden}] with dense columns")
+    if not tile.fits(intermediate, hidden):
+        raise ValueError(f"gate_up_silu: {tile} does not divide the weight ({intermediate} x {hidden})")
+    rows = x.shape[0]
+    out = x.new_empty(rows, intermediate) if out is None else out
+    grid = (triton.cdiv(rows, tile.block_m) * (intermediate // tile.block_n),)
+    _gate_up_silu_kernel[grid](
+        x, weight, out, rows, x.stride(0), out.stride(0),
+        INTERMEDIATE=intermediate, HIDDEN=hidden,
+        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
+        num_warps=tile.num_warps, num_stages=tile.num_stages,
+    )
+    return out
+
+
+# (largest token count, tile) in ascending counts: a step uses the first entry that holds it,
+# the last one past them all; None: cuBLAS + silu_and_mul was faster there.
+TilePlan = Sequence[tuple[int, Tile | None]]
+
+
+class GateUpSilu:
+    """One layer's fused gate/up projection and activation, where the plan chose it."""
+
+    def __init__(self, weight: torch.Tensor, plan: TilePlan) -> None:
+        self.weight = weight
+        self.plan = list(plan)
+        self._bounds = [rows for rows, _ in self.plan]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The activation of ``x``'s rows; None where the unfused pair serves this many rows."""
+        index = min(bisect.bisect_left(self._bounds, x.shape[0]), len(self.plan) - 1)
+        tile = self.plan[index][1]
+        return None if tile is None else gate_up_silu(x, self.weight, tile)
+
+
+def probe_sizes(max_rows: int) -> list[int]:
+    """Token counts timed: 256 then x4 up to and including ``max_rows``."""
+    sizes = [256]
+    while sizes[-1] * 4 < max_rows:
+        sizes.append(sizes[-1] * 4)
+    return sorted({min(size, max_rows) for size in sizes} | {max_rows})
+
+
+def choose_tiles(
+    weight: torch.Tensor, unfused: Callable[[torch.Tensor], torch.Tensor], max_rows: int, repeats: int = 10,
+) -> tuple[TilePlan, list[dict[str, Any]]]:
+    """The plan for ``weight``'s shape on this GPU: at each of :func:`probe_sizes`, the fastest
+    candidate tile, or None where ``unfused`` (cuBLAS + silu_and_mul) was faster. Also the
+    timings, for the log and the bench."""
+    intermediate, hidden = weight.shape[0] // 2, weight.shape[1]
+    tiles = [tile for tile in CANDIDATES if tile.fits(intermediate, hidden)]
+    generator = torch.Generator(device=weight.device).manual_seed(0)
+    plan: list[tuple[int, Tile | None]] = []
+    timings: list[dict[str, Any]] = []
+    for rows in probe_sizes(max_rows):
+        x = torch.randn(rows, hidden, device=weight.device, dtype=weight.dtype, generator=generator)
+        out = x.new_empty(rows, intermediate)
+        baseline = median_ms(lambda: unfused(x), repeats)
+        fused: dict[Tile, float] = {}
+        refused: dict[str, str] = {}
+        for tile in tiles:
+            try:
+                fused[tile] = median_ms(lambda tile=tile: gate_up_silu(x, weight, tile, out), repeats)
+            except Exception as error:  # noqa: BLE001  a tile this GPU or Triton cannot build is not chosen
+                refused[tile.name] = f"{type(error).__name__}: {error}"[:200]
+        best = min(fused, key=fused.__getitem__, default=None)
+        chosen = best if best is not None and fused[best] < baseline else None
+        plan.append((rows, chosen))
+        timings.append({"rows": rows, "unfused_ms": baseline, "tiles_ms": {t.name: ms for t, ms in fused.items()},
+                        "refused": refused, "chosen": None if chosen is None else chosen.name})
+    return plan, timings
