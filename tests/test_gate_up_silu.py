@@ -89,7 +89,8 @@ def test_probe_sizes_cover_small_calls_up_to_the_step_limit() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the H200 staging)")
 def test_bf16_on_the_gpu_matches_cublas_and_silu_and_mul() -> None:
     """Qwen3-0.6B's MLP (1024 -> 2 x 3072) at a 20-document call's tokens, every candidate tile:
-    within about one bf16 rounding of the unfused path's values (up to ~5)."""
+    within two bf16 units in the last place of the largest value (the unfused path rounds the
+    projections too; run17: 0.0625 at values up to ~10, one unit in the last place of 8-16)."""
     import vllm._custom_ops  # noqa: F401  (registers torch.ops._C)
     from scoring_plugin.models.gate_up_silu import CANDIDATES, choose_tiles, gate_up_silu
 
@@ -102,8 +103,9 @@ def test_bf16_on_the_gpu_matches_cublas_and_silu_and_mul() -> None:
         return out
 
     expected = unfused(x).float()
+    ulp = 2.0 ** (torch.floor(torch.log2(expected.abs().max())) - 6)  # two bf16 units in the last place
     for tile in CANDIDATES:
-        assert float((gate_up_silu(x, weight, tile).float() - expected).abs().max()) < 0.05, tile
+        assert float((gate_up_silu(x, weight, tile).float() - expected).abs().max()) <= float(ulp), tile
     plan, timings = choose_tiles(weight, unfused, 4096, repeats=3)
     assert [rows for rows, _ in plan] == [256, 1024, 4096] and len(timings) == 3
 

@@ -1,8 +1,11 @@
-"""Plugin pieces that need no engine: state cache, token-type derivation, activation."""
+"""Plugin pieces that need no engine: state cache, token-type derivation, activation, logging."""
 
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -61,3 +64,33 @@ def test_max_sim_sums_best_matches() -> None:
     q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     d = torch.tensor([[1.0, 0.0], [0.6, 0.8]])
     assert max_sim(q, d) == pytest.approx(1.0 + 0.8)
+
+
+def test_plugin_logs_reach_vllms_handler_where_nothing_else_is_configured() -> None:
+    """As in vLLM's engine-core process: plugins load, then vLLM sets up its own logger only.
+    The plugin's INFO lines (its kernel choices) then come out through vLLM's handler."""
+    script = (
+        "import logging, vllm.logger\n"
+        "from scoring_plugin.registration import log_through_vllm\n"
+        "log_through_vllm()\n"
+        "vllm.logger._configure_vllm_root_logger()\n"
+        "logging.getLogger('scoring_plugin.models.packed_qwen3').info('kernels chosen: probe')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "VLLM_CONFIGURE_LOGGING": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "kernels chosen: probe" in done.stdout + done.stderr
+
+
+def test_plugin_logging_is_left_alone_where_the_process_configured_its_own() -> None:
+    script = (
+        "import logging\n"
+        "logging.basicConfig(level=logging.WARNING)\n"
+        "import vllm.logger\n"
+        "from scoring_plugin.registration import log_through_vllm\n"
+        "log_through_vllm()\n"
+        "print(logging.getLogger('scoring_plugin').parent.name)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "root"
