@@ -21,3 +21,18 @@ def log_through_vllm() -> None:
     if plugin.handlers or logging.getLogger().handlers:
         return  # the host process set logging up (our server, pytest)
     plugin.parent = logging.getLogger("vllm")  # its handlers and level, whenever vLLM sets them
+
+
+def reranker_io_processor() -> str:
+    """``vllm.io_processor_plugins``: vLLM imports the returned class lazily."""
+    return "scoring_plugin.io_processors.reranker.RerankerIOProcessor"
+
+
+def absa_io_processor() -> str:
+    """``vllm.io_processor_plugins``: (aspect, review) pairs to labels and evidence spans."""
+    return "scoring_plugin.io_processors.absa.AbsaIOProcessor"
+
+
+def image_ranker_io_processor() -> str:
+    """``vllm.io_processor_plugins``: a query and images to images ranked by score."""
+    return "scoring_plugin.io_processors.image_ranker.ImageRankerIOProcessor"
