@@ -11,7 +11,7 @@ bf16 rounding).
 
 Whether it beats cuBLAS + ``silu_and_mul`` depends on the GPU and the token count, so it is
 never assumed: :func:`choose_tiles` times the candidate tilings against that pair on this GPU at
-a few token counts, once at start-up, and a step uses the kernel only where it won
+a few token counts, once at start-up, and a step uses the kernel only where it won by a margin
 (:class:`GateUpSilu`). The server imports this module only on CUDA (fp16/bf16); the tests run
 the kernel on the CPU through Triton's interpreter.
 """

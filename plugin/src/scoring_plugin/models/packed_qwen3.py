@@ -175,6 +175,22 @@ class PackedQwen3Attention(nn.Module):
         return relative
 
 
+def plain_gemm(linear: nn.Module) -> bool:
+    """Whether ``linear`` is ``x @ weight.T`` on CUDA with nothing else in between (one GPU, no
+    quantisation, no bias, vLLM's default GEMM), so a fused path may read its weight."""
+    method = getattr(linear, "quant_method", None)
+    weight = getattr(linear, "weight", None)  # vLLM's CPU path repacks it away
+    return (
+        isinstance(method, UnquantizedLinearMethod)
+        and method._gemm_impl is default_unquantized_gemm
+        and isinstance(weight, torch.Tensor)
+        and weight.is_cuda
+        and weight.is_contiguous()
+        and getattr(linear, "bias", None) is None
+        and get_tensor_model_parallel_world_size() == 1
+    )
+
+
 class PackedQwen3Layer(nn.Module):
     """A Qwen3 decoder layer cut at its attention (:class:`~.layer_graphs.SplitLayer`).
 
@@ -222,27 +238,12 @@ class PackedQwen3Layer(nn.Module):
         out, _ = self.mlp.down_proj(activation)
         return out
 
-    def plain_gemm(self, linear: nn.Module) -> bool:
-        """Whether ``linear`` is ``x @ weight.T`` on CUDA with nothing else in between (one GPU,
-        no quantisation, no bias, vLLM's default GEMM), so a fused path may read its weight."""
-        method = getattr(linear, "quant_method", None)
-        weight = getattr(linear, "weight", None)  # vLLM's CPU path repacks it away
-        return (
-            isinstance(method, UnquantizedLinearMethod)
-            and method._gemm_impl is default_unquantized_gemm
-            and isinstance(weight, torch.Tensor)
-            and weight.is_cuda
-            and weight.is_contiguous()
-            and getattr(linear, "bias", None) is None
-            and get_tensor_model_parallel_world_size() == 1
-        )
-
     def use_o_proj_into_residual(self, rows: int) -> dict[str, float] | None:
         """Turns the output projection's add into the residual on where it reproduces the
         unfused path on a probe and is faster at ``rows`` tokens; returns the probe's relative
         difference and both timings, None where it does not apply."""
         o_proj = self.self_attn.o_proj
-        if not self.plain_gemm(o_proj):
+        if not plain_gemm(o_proj):
             return None
         generator = torch.Generator(device=o_proj.weight.device).manual_seed(0)
         attn = torch.randn(rows, o_proj.input_size, device=o_proj.weight.device, dtype=o_proj.weight.dtype,
@@ -273,7 +274,7 @@ class PackedQwen3Layer(nn.Module):
         """Takes the fused gate/up kernel with ``plan`` where it reproduces the unfused MLP input
         on a probe; returns the probe's relative difference, None where it does not apply."""
         gate_up = self.mlp.gate_up_proj
-        if not (self.plain_gemm(gate_up) and any(tile is not None for _, tile in plan)):
+        if not (plain_gemm(gate_up) and any(tile is not None for _, tile in plan)):
             return None
         from scoring_plugin.models.gate_up_silu import GateUpSilu, gate_up_silu  # imports Triton: CUDA only
 
@@ -348,7 +349,7 @@ class PackedPairScorer(Pooler):
         GPU at the step's token limit found them faster. Every layer has the same shapes: the
         first one's timings decide for all; each still checks its own weights on a probe."""
         first = self.layers[0]
-        if not first.plain_gemm(first.mlp.gate_up_proj):
+        if not plain_gemm(first.mlp.gate_up_proj):
             return
         from scoring_plugin.models.gate_up_silu import choose_tiles  # imports Triton: CUDA only
 
@@ -365,7 +366,8 @@ class PackedPairScorer(Pooler):
             "MLP fusions: gate/up + SiLU in %d of %d layers (probe difference <= %.2g; plan %s), output "
             "projection into the residual %s", sum(layer.gate_up_silu is not None for layer in self.layers),
             len(self.layers), max((d for d in differences if d is not None), default=0.0),
-            [(rows, str(tile)) for rows, tile in plan], "on" if first.o_proj_into_residual else "off",
+            [(rows, tile.name if tile else "unfused") for rows, tile in plan],
+            "on" if first.o_proj_into_residual else "off",
         )
 
 
