@@ -274,20 +274,20 @@ class PackedQwen3Layer(nn.Module):
         """Takes the fused gate/up kernel with ``plan`` where it reproduces the unfused MLP input
         on a probe; returns the probe's relative difference, None where it does not apply."""
         gate_up = self.mlp.gate_up_proj
-        if not (plain_gemm(gate_up) and any(tile is not None for _, tile in plan)):
+        tiles = {tile for _, tile in plan if tile is not None}
+        if not (tiles and plain_gemm(gate_up)):
             return None
         from scoring_plugin.models.gate_up_silu import GateUpSilu, gate_up_silu  # imports Triton: CUDA only
 
-        fused = GateUpSilu(gate_up.weight, plan)
         generator = torch.Generator(device=gate_up.weight.device).manual_seed(0)
         probe = torch.randn(64, gate_up.input_size, device=gate_up.weight.device, dtype=gate_up.weight.dtype,
                             generator=generator)
         expected = self.mlp.act_fn(gate_up(probe)[0]).float()
-        tile = next(tile for _, tile in plan if tile is not None)
-        relative = float((gate_up_silu(probe, gate_up.weight, tile).float() - expected).abs().max()) / max(
-            float(expected.abs().max()), 1e-6
+        scale = max(float(expected.abs().max()), 1e-6)
+        relative = max(
+            float((gate_up_silu(probe, gate_up.weight, tile).float() - expected).abs().max()) / scale for tile in tiles
         )
-        self.gate_up_silu = fused if relative <= 0.02 else None
+        self.gate_up_silu = GateUpSilu(gate_up.weight, plan) if relative <= 0.02 else None
         return relative
 
 
@@ -346,29 +346,36 @@ class PackedPairScorer(Pooler):
 
     def _choose_mlp_fusions(self) -> None:
         """The layers' fusions around the MLP (:class:`PackedQwen3Layer`), where timing on this
-        GPU at the step's token limit found them faster. Every layer has the same shapes: the
-        first one's timings decide for all; each still checks its own weights on a probe."""
+        GPU found them faster. Every layer has the same shapes: the first one's timings decide
+        for all; each still checks its own weights on a probe."""
         first = self.layers[0]
-        if not plain_gemm(first.mlp.gate_up_proj):
-            return
-        from scoring_plugin.models.gate_up_silu import choose_tiles  # imports Triton: CUDA only
-
-        mlp = first.mlp
-        plan, timings = choose_tiles(mlp.gate_up_proj.weight, lambda x: mlp.act_fn(mlp.gate_up_proj(x)[0]),
-                                     self.max_tokens)
-        logger.info("fused gate/up + SiLU timings (ms): %s", timings)
         residual = first.use_o_proj_into_residual(self.max_tokens)
-        logger.info("output projection into the residual: %s", residual)
-        differences = [layer.use_gate_up_silu(plan) for layer in self.layers]
         for layer in self.layers[1:]:
             layer.o_proj_into_residual = first.o_proj_into_residual
+        plan = self._gate_up_plan(first.mlp)
+        differences = [layer.use_gate_up_silu(plan) for layer in self.layers] if plan else []
+        if residual is None and plan is None:
+            return  # neither applies (the CPU backend, quantised or sharded weights)
         logger.info(
-            "MLP fusions: gate/up + SiLU in %d of %d layers (probe difference <= %.2g; plan %s), output "
-            "projection into the residual %s", sum(layer.gate_up_silu is not None for layer in self.layers),
-            len(self.layers), max((d for d in differences if d is not None), default=0.0),
-            [(rows, tile.name if tile else "unfused") for rows, tile in plan],
-            "on" if first.o_proj_into_residual else "off",
+            "MLP fusions: output projection into the residual %s (%s); gate/up + SiLU in %d of %d layers "
+            "(probe difference <= %.2g; plan %s)", "on" if first.o_proj_into_residual else "off", residual,
+            sum(layer.gate_up_silu is not None for layer in self.layers), len(self.layers),
+            max((d for d in differences if d is not None), default=0.0),
+            [(rows, tile.name if tile else "unfused") for rows, tile in plan or []],
         )
+
+    def _gate_up_plan(self, mlp: Qwen2MLP) -> TilePlan | None:
+        """The fused gate/up GEMM's tiles per step size, timed on this GPU at up to the step's
+        token limit; None where it does not apply. fp16/bf16 only: Triton's fp32 dot products
+        run on TF32 tensor cores, below the IEEE fp32 a float32 model is served in."""
+        gate_up = mlp.gate_up_proj
+        if not (plain_gemm(gate_up) and gate_up.weight.dtype in (torch.float16, torch.bfloat16)):
+            return None
+        from scoring_plugin.models.gate_up_silu import choose_tiles  # imports Triton: CUDA only
+
+        plan, timings = choose_tiles(gate_up.weight, lambda x: mlp.act_fn(gate_up(x)[0]), self.max_tokens)
+        logger.info("fused gate/up + SiLU timings (ms): %s", timings)
+        return plan
 
 
 _MAPPER = WeightsMapper(
