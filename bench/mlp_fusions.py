@@ -22,7 +22,7 @@ from vllm import _custom_ops as ops
 
 from harness import conditions
 from scoring_plugin.models.gate_up_silu import CANDIDATES, choose_tiles, gate_up_silu
-from scoring_plugin.models.kernel_timing import median_ms
+from scoring_plugin.models.kernel_choice import median_ms
 
 HIDDEN, INTERMEDIATE, ATTN_WIDTH, EPS = 1024, 3072, 2048, 1e-6  # Qwen3-0.6B
 STEP_TOKENS = 16384

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from vllm.config import VllmConfig
 
+from scoring_plugin.models.kernel_choice import relative_difference
 from scoring_plugin.models.layer_graphs import (
     GraphRunner,
     LayerGraphs,
@@ -263,8 +264,7 @@ class FullGraphs:
             replayed = self._replay(captured, hidden, plan)
             assert replayed is not None
             for want, got in zip(expected, replayed[:2]):
-                scale = max(float(want.abs().max()), 1e-6)
-                worst = max(worst, float((got.float() - want.float()).abs().max()) / scale)
+                worst = max(worst, relative_difference(got, want))
         return worst
 
 

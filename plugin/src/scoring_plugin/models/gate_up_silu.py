@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from scoring_plugin.models.kernel_timing import median_ms
+from scoring_plugin.models.kernel_choice import median_ms
 
 
 @dataclass(frozen=True, slots=True)

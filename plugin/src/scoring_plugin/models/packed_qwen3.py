@@ -53,7 +53,7 @@ from vllm.v1.outputs import PoolerOutput
 from vllm.v1.pool.metadata import PoolingMetadata
 
 from scoring_plugin.models.full_graphs import pooler_graphs
-from scoring_plugin.models.kernel_timing import median_ms
+from scoring_plugin.models.kernel_choice import PROBE_TOLERANCE, median_ms, relative_difference
 from scoring_plugin.models.layer_graphs import run_layers
 from scoring_plugin.models.loading import load_all_weights
 from scoring_plugin.models.packed_attention import DevicePlan, PairAttention, step_plan
@@ -162,15 +162,14 @@ class PackedQwen3Attention(nn.Module):
             0, self.rotary_emb.max_position_embeddings, (64,), device=weight.device, generator=generator
         )
         q, k, _ = self._norm_rope(probe.clone(), positions)
-        expected = torch.cat([q, k], dim=-1).float()
+        expected = torch.cat([q, k], dim=-1)
         self.swap_norm_rope_cache(self.rotary_emb.cos_sin_cache.to(weight.dtype))
         assert self._fused is not None
         fused = probe.clone()
         self._fused[0].apply(fused[:, : self.q_size], positions)
         self._fused[1].apply(fused[:, self.q_size : self.q_size + self.kv_size], positions)
-        difference = float((fused[:, : self.q_size + self.kv_size].float() - expected).abs().max())
-        relative = difference / max(float(expected.abs().max()), 1e-6)
-        if relative > 0.02:  # a few bf16 roundings pass, a wrong wiring is off by the values' size
+        relative = relative_difference(fused[:, : self.q_size + self.kv_size], expected)
+        if relative > PROBE_TOLERANCE:
             self._fused = None
         return relative
 
@@ -223,13 +222,19 @@ class PackedQwen3Layer(nn.Module):
         self.self_attn.attend(q, k, v, plan, out)
 
     def finish(self, attn: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.o_proj_into_residual:  # residual is this layer's own: the unfused norm updates it in place too
-            residual.addmm_(attn, self.self_attn.o_proj.weight.t())
-            hidden = self.post_attention_layernorm(residual)
-        else:
-            hidden, _ = self.self_attn.o_proj(attn)
-            hidden, residual = self.post_attention_layernorm(hidden, residual)
+        hidden, residual = self._post_attention(attn, residual, self.o_proj_into_residual)
         return self._mlp(hidden), residual
+
+    def _post_attention(
+        self, attn: torch.Tensor, residual: torch.Tensor, into_residual: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MLP's normalised input and the residual stream after the attention. ``residual``
+        is this layer's own: the unfused norm updates it in place too (on CUDA)."""
+        if into_residual:
+            residual.addmm_(attn, self.self_attn.o_proj.weight.t())
+            return self.post_attention_layernorm(residual), residual
+        hidden, _ = self.self_attn.o_proj(attn)
+        return self.post_attention_layernorm(hidden, residual)
 
     def _mlp(self, hidden: torch.Tensor) -> torch.Tensor:
         activation = None if self.gate_up_silu is None else self.gate_up_silu(hidden)
@@ -252,23 +257,14 @@ class PackedQwen3Layer(nn.Module):
         timings: dict[str, float] = {}
         results: list[torch.Tensor] = []
         for fused in (False, True):
-            self.o_proj_into_residual = fused
             state = residual.clone()
-            results.append(self._post_attention(attn[:64], state[:64]))
+            results.append(self._post_attention(attn[:64], state[:64], fused)[0])
             timings["fused_ms" if fused else "unfused_ms"] = median_ms(
-                lambda: self._post_attention(attn, state), repeats=10
+                lambda: self._post_attention(attn, state, fused), repeats=10
             )
-        expected = results[0].float()
-        relative = float((results[1].float() - expected).abs().max()) / max(float(expected.abs().max()), 1e-6)
-        self.o_proj_into_residual = relative <= 0.02 and timings["fused_ms"] < timings["unfused_ms"]
+        relative = relative_difference(results[1], results[0])
+        self.o_proj_into_residual = relative <= PROBE_TOLERANCE and timings["fused_ms"] < timings["unfused_ms"]
         return {"relative_difference": relative, **timings}
-
-    def _post_attention(self, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """The normalised input of the MLP (what :meth:`finish` computes before it)."""
-        if self.o_proj_into_residual:
-            return self.post_attention_layernorm(residual.addmm_(attn, self.self_attn.o_proj.weight.t()))
-        hidden, _ = self.self_attn.o_proj(attn)
-        return self.post_attention_layernorm(hidden, residual)[0]
 
     def use_gate_up_silu(self, plan: TilePlan) -> float | None:
         """Takes the fused gate/up kernel with ``plan`` where it reproduces the unfused MLP input
@@ -282,12 +278,9 @@ class PackedQwen3Layer(nn.Module):
         generator = torch.Generator(device=gate_up.weight.device).manual_seed(0)
         probe = torch.randn(64, gate_up.input_size, device=gate_up.weight.device, dtype=gate_up.weight.dtype,
                             generator=generator)
-        expected = self.mlp.act_fn(gate_up(probe)[0]).float()
-        scale = max(float(expected.abs().max()), 1e-6)
-        relative = max(
-            float((gate_up_silu(probe, gate_up.weight, tile).float() - expected).abs().max()) / scale for tile in tiles
-        )
-        self.gate_up_silu = GateUpSilu(gate_up.weight, plan) if relative <= 0.02 else None
+        expected = self.mlp.act_fn(gate_up(probe)[0])
+        relative = max(relative_difference(gate_up_silu(probe, gate_up.weight, tile), expected) for tile in tiles)
+        self.gate_up_silu = GateUpSilu(gate_up.weight, plan) if relative <= PROBE_TOLERANCE else None
         return relative
 
 
