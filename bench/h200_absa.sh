@@ -95,6 +95,7 @@ ab)
         python3 absa.py --systems "$order" --base-site /tmp/site-base --concurrency 1,32 \
             --seconds-per-level 8 --work /tmp/bw --out "$OUT/ab-$round" 2>&1 | grep -A14 "^| system"
     done
+    grep -h "MLP fusions\|timings (ms)" /tmp/bw/absa-grpc-server.log | cut -c1-900 || true
     ;;
 rpc)
     python3 -m pip install -q --no-deps --upgrade --target /tmp/site-base "../${WHL_BASE:-.whl-base}"/*.whl

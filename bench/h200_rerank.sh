@@ -15,9 +15,10 @@
 #                                     # Triton segment kernel at every tiling tried, and Q/K norm +
 #                                     # rotary, vLLM's kernel against ours; the kernels' GPU tests
 #                                     # (needs the pytest, pluggy and iniconfig wheels in .whl) (~4 min)
-#   sh bench/h200_rerank.sh mlp       # the fusions around the MLP, kernels alone: gate/up + SiLU in
-#                                     # a Triton GEMM against cuBLAS + silu_and_mul, the output
-#                                     # projection into the residual; their GPU test (~1.5 min)
+#   sh bench/h200_rerank.sh mlp       # the fusions around the MLP, kernels alone, Qwen3 and ModernBERT
+#                                     # shapes: gate/up + activation in a Triton GEMM against cuBLAS +
+#                                     # vLLM's act-and-mul, the projections into the residual; their GPU
+#                                     # tests (~2 min)
 #   sh bench/h200_rerank.sh ab        # this tree against a base build (.whl-base: wheels of the
 #                                     # base commit) in one run: c=1/16/64 at 20 documents, c=1 at
 #                                     # one document (~4 min per round; AB_ROUNDS rounds, default
@@ -65,7 +66,7 @@ inline)
         --work /tmp/bw --out "$OUT" 2>&1 | grep -A14 "^| system"
     ;;
 mlp)
-    (cd .. && python3 -m pytest -q -p no:cacheprovider tests/test_gate_up_silu.py -k gpu 2>&1 | tail -5)
+    (cd .. && python3 -m pytest -q -p no:cacheprovider tests/test_gate_up_activation.py tests/test_mlp_fusions.py -k "gpu or fused" 2>&1 | tail -5)
     python3 mlp_fusions.py --out "$OUT" 2>&1 | tail -20
     ;;
 ab)
@@ -75,6 +76,6 @@ ab)
         python3 rerank.py --systems "$order" --base-site /tmp/site-base --docs-sweep 1 --seconds-per-level 8 \
             --work /tmp/bw --out "$OUT/ab-$round" 2>&1 | grep -A14 "^| system"
     done
-    grep -h "MLP fusions\|SiLU timings\|into the residual:" /tmp/bw/grpc-server.log | cut -c1-900 || true
+    grep -h "MLP fusions\|timings (ms)" /tmp/bw/grpc-server.log | cut -c1-900 || true
     ;;
 esac

@@ -11,18 +11,33 @@ from collections.abc import Callable
 import torch
 
 
-def median_ms(run: Callable[[], object], repeats: int, warm_up: int = 3) -> float:
-    """Median GPU time of ``run`` in milliseconds, each call timed alone between CUDA events."""
-    for _ in range(warm_up):
-        run()
+def graph_ms(run: Callable[[], object], calls: int = 10, replays: int = 5) -> float:
+    """GPU time of one call of ``run`` in milliseconds, as a CUDA graph replays it: the served
+    steps run these kernels inside graphs (whole-step or piecewise), so what counts is the GPU's
+    time alone. Timed one call at a time instead, a small kernel's launch (tens of us of host
+    work, longer than the kernel itself at a few hundred tokens) sat between the two events and
+    decided the choice. Median over ``replays`` replays of ``calls`` calls captured back to back."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # compiles, tunes, sets up cuBLAS's workspace: never in a capture
+        for _ in range(3):
+            run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    # thread_local: another thread of the engine touching CUDA meanwhile must not fail the capture
+    with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+        for _ in range(calls):
+            run()
+    graph.replay()
     times = []
-    for _ in range(repeats):
+    for _ in range(replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        run()
+        graph.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(start.elapsed_time(end) / calls)
+    del graph  # its memory pool goes back before the engine measures what the model uses
     return statistics.median(times)
 
 

@@ -14,6 +14,7 @@ pooled result of a request holds both heads for all its pairs
 from __future__ import annotations
 
 from collections.abc import Iterable, Set
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -38,8 +39,12 @@ from scoring_plugin.absa.settings import AbsaSettings
 from scoring_plugin.models.full_graphs import pooler_graphs
 from scoring_plugin.models.layer_graphs import run_layers
 from scoring_plugin.models.loading import load_all_weights
+from scoring_plugin.models.mlp_fusions import ResidualPath, choose_mlp_fusions, plain_gemm
 from scoring_plugin.models.packed_attention import DevicePlan, PairAttention, step_plan
 from scoring_plugin.packing import PACKED_TASK
+
+if TYPE_CHECKING:  # imports Triton, which only the CUDA paths need
+    from scoring_plugin.models.gate_up_activation import GateUpActivation
 
 # ModernBERT's activations as vLLM's fused act-and-mul kernels (one pass over the MLP's input).
 _GELU_APPROXIMATION = {"gelu": "none", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}
@@ -76,6 +81,9 @@ class PackedModernBertAttention(nn.Module):
 
 
 class PackedModernBertMLP(nn.Module):
+    """The MLP's weights and activation, under the checkpoint's names; the layer runs them
+    (:meth:`PackedModernBertLayer.finish`), fused or not."""
+
     def __init__(self, config: ModernBertConfig, prefix: str) -> None:
         super().__init__()
         approximation = _GELU_APPROXIMATION.get(config.hidden_activation)
@@ -92,15 +100,24 @@ class PackedModernBertMLP(nn.Module):
             config.intermediate_size, config.hidden_size, bias=config.mlp_bias, prefix=f"{prefix}.Wo"
         )
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        gate_up, _ = self.Wi(hidden)
-        out, _ = self.Wo(self.act(gate_up))
-        return out
+
+def _add_projection(linear: nn.Module, x: torch.Tensor, residual: torch.Tensor, inside: bool) -> torch.Tensor:
+    """``residual + linear(x)``; with ``inside``, in the GEMM's epilogue (cuBLAS's beta = 1: one
+    pass over the residual stream less). Out of place: ``residual`` is a layer's input, which a
+    CUDA graph's static buffer may hold."""
+    if inside:
+        return torch.addmm(residual, x, linear.weight.t())
+    projected, _ = linear(x)
+    return residual + projected
 
 
 class PackedModernBertLayer(nn.Module):
     """A pre-norm ModernBERT layer cut at its attention (:class:`~.layer_graphs.SplitLayer`).
-    Its residual stream is the layer input itself, threaded through as ``residual``."""
+    Its residual stream is the layer input itself, threaded through as ``residual``.
+
+    On CUDA, where start-up timing chose them (:mod:`.mlp_fusions`): both projections add into
+    the residual stream inside their GEMMs, and the MLP's input projection applies GELU-and-
+    multiply in its epilogue (:mod:`.gate_up_activation`)."""
 
     def __init__(self, config: ModernBertConfig, layer_id: int, prefix: str) -> None:
         super().__init__()
@@ -112,6 +129,8 @@ class PackedModernBertLayer(nn.Module):
         self.attn = PackedModernBertAttention(config, layer_id, f"{prefix}.attn")
         self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
         self.mlp = PackedModernBertMLP(config, f"{prefix}.mlp")
+        self.gate_up: GateUpActivation | None = None
+        self.into_residual = False
 
     def attention_inputs(
         self, hidden: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor
@@ -123,10 +142,29 @@ class PackedModernBertLayer(nn.Module):
         self.attn.attn(q, k, v, plan, out)
 
     def finish(self, attn: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        projected, _ = self.attn.Wo(attn)
-        hidden = residual + projected
-        hidden = hidden + self.mlp(self.mlp_norm(hidden))
+        hidden = self._post_attention(attn, residual, self.into_residual)
         return hidden, hidden
+
+    def _post_attention(self, attn: torch.Tensor, residual: torch.Tensor, into_residual: bool) -> torch.Tensor:
+        hidden = _add_projection(self.attn.Wo, attn, residual, into_residual)
+        normed = self.mlp_norm(hidden)
+        activation = None if self.gate_up is None else self.gate_up(normed)
+        if activation is None:
+            gate_up, _ = self.mlp.Wi(normed)
+            activation = self.mlp.act(gate_up)
+        return _add_projection(self.mlp.Wo, activation, hidden, into_residual)
+
+    def gated_mlp(self) -> tuple[nn.Module, nn.Module]:
+        return self.mlp.Wi, self.mlp.act
+
+    def residual_path(self, rows: int) -> ResidualPath | None:
+        if not (plain_gemm(self.attn.Wo) and plain_gemm(self.mlp.Wo)):
+            return None
+        weight = self.attn.Wo.weight
+        generator = torch.Generator(device=weight.device).manual_seed(0)
+        attn = torch.randn(rows, weight.shape[1], device=weight.device, dtype=weight.dtype, generator=generator)
+        residual = torch.randn(rows, weight.shape[0], device=weight.device, dtype=weight.dtype, generator=generator)
+        return self._post_attention, attn, residual
 
 
 class PackedAbsaPooler(Pooler):
@@ -149,6 +187,8 @@ class PackedAbsaPooler(Pooler):
             list(self.layers), config.hidden_size, self.attn_width, vllm_config,
             settings.pooler_graphs, settings.pooler_full_graph_tokens,
         )
+        self.max_tokens = vllm_config.scheduler_config.max_num_batched_tokens
+        self._fusions_chosen = False
 
     def get_supported_tasks(self) -> Set[PoolingTask]:
         return {PACKED_TASK}
@@ -159,6 +199,9 @@ class PackedAbsaPooler(Pooler):
         )
         if any(layout[0] for layout in layouts):
             raise ValueError("packed ABSA requests have no shared head: every segment is a whole pair")
+        if not self._fusions_chosen:  # the first step: vLLM's profiling run, before any capture
+            choose_mlp_fusions(list(self.layers), self.max_tokens)
+            self._fusions_chosen = True
         # Anything past the scheduled tokens is padding: never part of a result.
         hidden_states = hidden_states[: sum(counts)]
         hidden, _, plan = run_layers(list(self.layers), self.graphs, hidden_states, host_plan, self.attn_width)

@@ -35,11 +35,9 @@ from vllm.model_executor.layers.linear import (
     QKVParallelLinear,
     ReplicatedLinear,
     RowParallelLinear,
-    UnquantizedLinearMethod,
 )
 from vllm.model_executor.layers.pooler import Pooler
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope
-from vllm.model_executor.layers.utils import default_unquantized_gemm
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.models.interfaces import IsAttentionFree
 from vllm.model_executor.models.interfaces_base import attn_type
@@ -53,15 +51,16 @@ from vllm.v1.outputs import PoolerOutput
 from vllm.v1.pool.metadata import PoolingMetadata
 
 from scoring_plugin.models.full_graphs import pooler_graphs
-from scoring_plugin.models.kernel_choice import PROBE_TOLERANCE, median_ms, relative_difference
+from scoring_plugin.models.kernel_choice import PROBE_TOLERANCE, relative_difference
 from scoring_plugin.models.layer_graphs import run_layers
 from scoring_plugin.models.loading import load_all_weights
+from scoring_plugin.models.mlp_fusions import ResidualPath, choose_mlp_fusions, plain_gemm
 from scoring_plugin.models.packed_attention import DevicePlan, PairAttention, step_plan
 from scoring_plugin.packing import PACKED_TASK
 from scoring_plugin.rerank.settings import RerankSettings
 
 if TYPE_CHECKING:  # imports Triton, which only the CUDA paths need
-    from scoring_plugin.models.gate_up_silu import GateUpSilu, TilePlan
+    from scoring_plugin.models.gate_up_activation import GateUpActivation
     from scoring_plugin.models.qk_norm_rope import NormRope
 
 logger = logging.getLogger(__name__)
@@ -174,30 +173,13 @@ class PackedQwen3Attention(nn.Module):
         return relative
 
 
-def plain_gemm(linear: nn.Module) -> bool:
-    """Whether ``linear`` is ``x @ weight.T`` on CUDA with nothing else in between (one GPU, no
-    quantisation, no bias, vLLM's default GEMM), so a fused path may read its weight."""
-    method = getattr(linear, "quant_method", None)
-    weight = getattr(linear, "weight", None)  # vLLM's CPU path repacks it away
-    return (
-        isinstance(method, UnquantizedLinearMethod)
-        and method._gemm_impl is default_unquantized_gemm
-        and isinstance(weight, torch.Tensor)
-        and weight.is_cuda
-        and weight.is_contiguous()
-        and getattr(linear, "bias", None) is None
-        and get_tensor_model_parallel_world_size() == 1
-    )
-
-
 class PackedQwen3Layer(nn.Module):
     """A Qwen3 decoder layer cut at its attention (:class:`~.layer_graphs.SplitLayer`).
 
-    On CUDA, where start-up timing chose them (:meth:`PackedPairScorer._choose_kernels`), two
-    fusions around the MLP: the output projection adds into the residual stream inside its GEMM
-    (cuBLAS's beta = 1), so the norm after it reads one tensor instead of two and writes one
-    instead of two; and the gate/up projection applies SiLU-and-multiply in its epilogue
-    (:mod:`.gate_up_silu`)."""
+    On CUDA, where start-up timing chose them (:mod:`.mlp_fusions`), two fusions around the MLP:
+    the output projection adds into the residual stream inside its GEMM, so the norm after it
+    reads one tensor instead of two and writes one instead of two; and the gate/up projection
+    applies SiLU-and-multiply in its epilogue (:mod:`.gate_up_activation`)."""
 
     def __init__(self, config: Qwen3Config, prefix: str) -> None:
         super().__init__()
@@ -205,8 +187,8 @@ class PackedQwen3Layer(nn.Module):
         self.mlp = Qwen2MLP(config.hidden_size, config.intermediate_size, config.hidden_act, prefix=f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.gate_up_silu: GateUpSilu | None = None
-        self.o_proj_into_residual = False
+        self.gate_up: GateUpActivation | None = None
+        self.into_residual = False
 
     def attention_inputs(
         self, hidden: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor
@@ -222,7 +204,7 @@ class PackedQwen3Layer(nn.Module):
         self.self_attn.attend(q, k, v, plan, out)
 
     def finish(self, attn: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden, residual = self._post_attention(attn, residual, self.o_proj_into_residual)
+        hidden, residual = self._post_attention(attn, residual, self.into_residual)
         return self._mlp(hidden), residual
 
     def _post_attention(
@@ -237,16 +219,16 @@ class PackedQwen3Layer(nn.Module):
         return self.post_attention_layernorm(hidden, residual)
 
     def _mlp(self, hidden: torch.Tensor) -> torch.Tensor:
-        activation = None if self.gate_up_silu is None else self.gate_up_silu(hidden)
+        activation = None if self.gate_up is None else self.gate_up(hidden)
         if activation is None:
             return self.mlp(hidden)
         out, _ = self.mlp.down_proj(activation)
         return out
 
-    def use_o_proj_into_residual(self, rows: int) -> dict[str, float] | None:
-        """Turns the output projection's add into the residual on where it reproduces the
-        unfused path on a probe and is faster at ``rows`` tokens; returns the probe's relative
-        difference and both timings, None where it does not apply."""
+    def gated_mlp(self) -> tuple[nn.Module, nn.Module]:
+        return self.mlp.gate_up_proj, self.mlp.act_fn
+
+    def residual_path(self, rows: int) -> ResidualPath | None:
         o_proj = self.self_attn.o_proj
         if not plain_gemm(o_proj):
             return None
@@ -254,34 +236,7 @@ class PackedQwen3Layer(nn.Module):
         attn = torch.randn(rows, o_proj.input_size, device=o_proj.weight.device, dtype=o_proj.weight.dtype,
                            generator=generator)
         residual = torch.randn(rows, o_proj.output_size, device=attn.device, dtype=attn.dtype, generator=generator)
-        timings: dict[str, float] = {}
-        results: list[torch.Tensor] = []
-        for fused in (False, True):
-            state = residual.clone()
-            results.append(self._post_attention(attn[:64], state[:64], fused)[0])
-            timings["fused_ms" if fused else "unfused_ms"] = median_ms(
-                lambda: self._post_attention(attn, state, fused), repeats=10
-            )
-        relative = relative_difference(results[1], results[0])
-        self.o_proj_into_residual = relative <= PROBE_TOLERANCE and timings["fused_ms"] < timings["unfused_ms"]
-        return {"relative_difference": relative, **timings}
-
-    def use_gate_up_silu(self, plan: TilePlan) -> float | None:
-        """Takes the fused gate/up kernel with ``plan`` where it reproduces the unfused MLP input
-        on a probe; returns the probe's relative difference, None where it does not apply."""
-        gate_up = self.mlp.gate_up_proj
-        tiles = {tile for _, tile in plan if tile is not None}
-        if not (tiles and plain_gemm(gate_up)):
-            return None
-        from scoring_plugin.models.gate_up_silu import GateUpSilu, gate_up_silu  # imports Triton: CUDA only
-
-        generator = torch.Generator(device=gate_up.weight.device).manual_seed(0)
-        probe = torch.randn(64, gate_up.input_size, device=gate_up.weight.device, dtype=gate_up.weight.dtype,
-                            generator=generator)
-        expected = self.mlp.act_fn(gate_up(probe)[0])
-        relative = max(relative_difference(gate_up_silu(probe, gate_up.weight, tile), expected) for tile in tiles)
-        self.gate_up_silu = GateUpSilu(gate_up.weight, plan) if relative <= PROBE_TOLERANCE else None
-        return relative
+        return (lambda a, r, fused: self._post_attention(a, r, fused)[0]), attn, residual
 
 
 class PackedPairScorer(Pooler):
@@ -324,7 +279,7 @@ class PackedPairScorer(Pooler):
 
     def _choose_kernels(self) -> None:
         """Once, at the first step (vLLM's profiling run: weights loaded, before any capture)."""
-        self._choose_mlp_fusions()
+        choose_mlp_fusions(list(self.layers), self.max_tokens)
         differences = [layer.self_attn.use_fused_norm_rope() for layer in self.layers]
         probed = [d for d in differences if d is not None]
         fused = sum(layer.self_attn.fused_norm_rope for layer in self.layers)
@@ -336,39 +291,6 @@ class PackedPairScorer(Pooler):
         elif probed:
             logger.info("fused Q/K norm + rotary in %d layers (probe difference <= %.2g)", fused, max(probed))
         self._kernels_chosen = True
-
-    def _choose_mlp_fusions(self) -> None:
-        """The layers' fusions around the MLP (:class:`PackedQwen3Layer`), where timing on this
-        GPU found them faster. Every layer has the same shapes: the first one's timings decide
-        for all; each still checks its own weights on a probe."""
-        first = self.layers[0]
-        residual = first.use_o_proj_into_residual(self.max_tokens)
-        for layer in self.layers[1:]:
-            layer.o_proj_into_residual = first.o_proj_into_residual
-        plan = self._gate_up_plan(first.mlp)
-        differences = [layer.use_gate_up_silu(plan) for layer in self.layers] if plan else []
-        if residual is None and plan is None:
-            return  # neither applies (the CPU backend, quantised or sharded weights)
-        logger.info(
-            "MLP fusions: output projection into the residual %s (%s); gate/up + SiLU in %d of %d layers "
-            "(probe difference <= %.2g; plan %s)", "on" if first.o_proj_into_residual else "off", residual,
-            sum(layer.gate_up_silu is not None for layer in self.layers), len(self.layers),
-            max((d for d in differences if d is not None), default=0.0),
-            [(rows, tile.name if tile else "unfused") for rows, tile in plan or []],
-        )
-
-    def _gate_up_plan(self, mlp: Qwen2MLP) -> TilePlan | None:
-        """The fused gate/up GEMM's tiles per step size, timed on this GPU at up to the step's
-        token limit; None where it does not apply. fp16/bf16 only: Triton's fp32 dot products
-        run on TF32 tensor cores, below the IEEE fp32 a float32 model is served in."""
-        gate_up = mlp.gate_up_proj
-        if not (plain_gemm(gate_up) and gate_up.weight.dtype in (torch.float16, torch.bfloat16)):
-            return None
-        from scoring_plugin.models.gate_up_silu import choose_tiles  # imports Triton: CUDA only
-
-        plan, timings = choose_tiles(gate_up.weight, lambda x: mlp.act_fn(gate_up(x)[0]), self.max_tokens)
-        logger.info("fused gate/up + SiLU timings (ms): %s", timings)
-        return plan
 
 
 _MAPPER = WeightsMapper(

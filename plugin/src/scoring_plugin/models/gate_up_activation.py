@@ -1,19 +1,19 @@
-"""The first half of a gated MLP, ``silu(x @ gate.T) * (x @ up.T)``, as one Triton GEMM whose
-epilogue applies the activation.
+"""The first half of a gated MLP, ``act(x @ gate.T) * (x @ up.T)``, as one Triton GEMM whose
+epilogue applies the activation: SiLU (Qwen3's SwiGLU) or GELU, exact or tanh (ModernBERT's GeGLU).
 
-cuBLAS writes the whole [tokens, 2 x intermediate] product and vLLM's ``silu_and_mul`` reads it
-back to write half of it: at 16k tokens on the H200 (Qwen3-0.6B shapes) that second pass took
-76 us per layer, 2.1 ms of a 32 ms rerank step (``bench/results/packed-step-h200-bf16.md``), at
-the memory bound. Here a program accumulates a tile of gate columns and the matching up columns
-(the two halves of vLLM's merged ``gate_up_proj`` weight) and writes their product only, in one
-rounding from fp32 (the unfused path rounds the projections first: the two differ by about one
-bf16 rounding).
+cuBLAS writes the whole [tokens, 2 x intermediate] product and vLLM's ``silu_and_mul`` /
+``gelu_and_mul`` reads it back to write half of it: at 16k tokens on the H200 (Qwen3-0.6B shapes)
+that second pass took 76 us per layer, 2.1 ms of a 32 ms rerank step
+(``bench/results/packed-step-h200-bf16.md``), at the memory bound. Here a program accumulates a
+tile of gate columns and the matching up columns (the two halves of vLLM's merged weight) and
+writes their product only, in one rounding from fp32 (the unfused path rounds the projections
+first: the two differ by about one bf16 rounding).
 
-Whether it beats cuBLAS + ``silu_and_mul`` depends on the GPU and the token count, so it is
-never assumed: :func:`choose_tiles` times the candidate tilings against that pair on this GPU at
-a few token counts, once at start-up, and a step uses the kernel only where it won by a margin
-(:class:`GateUpSilu`). The server imports this module only on CUDA (fp16/bf16); the tests run
-the kernel on the CPU through Triton's interpreter.
+Whether it beats cuBLAS + the activation kernel depends on the GPU, the shapes and the token
+count, so it is never assumed: :func:`choose_tiles` times the candidate tilings against that pair
+on this GPU at a few token counts, once at start-up, and a step uses the kernel only where it won
+by a margin (:class:`GateUpActivation`). The server imports this module only on CUDA (fp16/bf16);
+the tests run the kernel on the CPU through Triton's interpreter.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from scoring_plugin.models.kernel_choice import median_ms
+from scoring_plugin.models.kernel_choice import graph_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,9 +68,9 @@ CANDIDATES = (
 # The row count is not specialised on: one compiled kernel per tile serves every step, so none
 # compiles inside a CUDA graph's capture.
 @triton.jit(do_not_specialize=["rows"])
-def _gate_up_silu_kernel(
+def _gate_up_activation_kernel(
     x_ptr, w_ptr, out_ptr, rows, x_stride, out_stride,
-    INTERMEDIATE: tl.constexpr, HIDDEN: tl.constexpr,
+    INTERMEDIATE: tl.constexpr, HIDDEN: tl.constexpr, ACTIVATION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     program = tl.program_id(0)
@@ -98,27 +98,41 @@ def _gate_up_silu_kernel(
         x_tile += BLOCK_K
         gate_tile += BLOCK_K
         up_tile += BLOCK_K
-    product = gate / (1.0 + tl.exp(-gate)) * up
+    if ACTIVATION == "silu":
+        gate = gate / (1.0 + tl.exp(-gate))
+    elif ACTIVATION == "gelu":
+        gate = 0.5 * gate * (1.0 + tl.erf(gate * 0.7071067811865476))
+    else:  # "gelu_tanh": 0.5 * (1 + tanh(u)) is sigmoid(2u)
+        gate = gate / (1.0 + tl.exp(-1.5957691216057308 * (gate + 0.044715 * gate * gate * gate)))
+    product = gate * up
     tl.store(out_ptr + row[:, None] * out_stride + column[None, :], product.to(out_ptr.dtype.element_ty),
              mask=row_ok)
 
 
-def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, tile: Tile, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``silu(x @ gate.T) * (x @ up.T)`` for ``weight`` = [gate; up] ([2 x intermediate, hidden],
+# The epilogues: vLLM's ``SiluAndMul`` and ``GeluAndMul`` (approximate "none" and "tanh").
+ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+
+
+def gate_up_activation(
+    x: torch.Tensor, weight: torch.Tensor, activation: str, tile: Tile, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``act(x @ gate.T) * (x @ up.T)`` for ``weight`` = [gate; up] ([2 x intermediate, hidden],
     dense), ``x``: [tokens, hidden] with dense columns. Into ``out`` where given."""
     intermediate, hidden = weight.shape[0] // 2, weight.shape[1]
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"gate_up_activation: activation must be one of {ACTIVATIONS}, not {activation!r}")
     if weight.shape[0] % 2 or not weight.is_contiguous():
-        raise ValueError("gate_up_silu: the weight must be [gate; up], dense")
+        raise ValueError("gate_up_activation: the weight must be [gate; up], dense")
     if x.dim() != 2 or x.shape[1] != hidden or x.stride(1) != 1:
-        raise ValueError(f"gate_up_silu: x must be [tokens, {hidden}] with dense columns")
+        raise ValueError(f"gate_up_activation: x must be [tokens, {hidden}] with dense columns")
     if not tile.fits(intermediate, hidden):
-        raise ValueError(f"gate_up_silu: {tile} does not divide the weight ({intermediate} x {hidden})")
+        raise ValueError(f"gate_up_activation: {tile} does not divide the weight ({intermediate} x {hidden})")
     rows = x.shape[0]
     out = x.new_empty(rows, intermediate) if out is None else out
     grid = (triton.cdiv(rows, tile.block_m) * (intermediate // tile.block_n),)
-    _gate_up_silu_kernel[grid](
+    _gate_up_activation_kernel[grid](
         x, weight, out, rows, x.stride(0), out.stride(0),
-        INTERMEDIATE=intermediate, HIDDEN=hidden,
+        INTERMEDIATE=intermediate, HIDDEN=hidden, ACTIVATION=activation,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
@@ -127,21 +141,20 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, tile: Tile, out: torch.T
 
 # A tile is chosen where it is at least 3% faster: near a tie the winner would change from one
 # start to the next with timing noise, and with it the scores' last bf16 bit (the fused path
-# rounds once, the unfused one twice). On the H200 (run17) the kernel won at 256 tokens (1.9x)
-# and tied or lost from 1,024 up, where cuBLAS's GEMM is faster than this one by about what the
-# saved pass is worth.
+# rounds once, the unfused one twice).
 MARGIN = 0.97
 
 # (largest token count, tile) in ascending counts: a step uses the first entry that holds it,
-# the last one past them all; None: cuBLAS + silu_and_mul was faster there.
+# the last one past them all; None: cuBLAS + the activation kernel was faster there.
 TilePlan = Sequence[tuple[int, Tile | None]]
 
 
-class GateUpSilu:
+class GateUpActivation:
     """One layer's fused gate/up projection and activation, where the plan chose it."""
 
-    def __init__(self, weight: torch.Tensor, plan: TilePlan) -> None:
+    def __init__(self, weight: torch.Tensor, activation: str, plan: TilePlan) -> None:
         self.weight = weight
+        self.activation = activation
         self.plan = list(plan)
         self._bounds = [rows for rows, _ in self.plan]
 
@@ -149,7 +162,7 @@ class GateUpSilu:
         """The activation of ``x``'s rows; None where the unfused pair serves this many rows."""
         index = min(bisect.bisect_left(self._bounds, x.shape[0]), len(self.plan) - 1)
         tile = self.plan[index][1]
-        return None if tile is None else gate_up_silu(x, self.weight, tile)
+        return None if tile is None else gate_up_activation(x, self.weight, self.activation, tile)
 
 
 def probe_sizes(max_rows: int) -> list[int]:
@@ -161,11 +174,11 @@ def probe_sizes(max_rows: int) -> list[int]:
 
 
 def choose_tiles(
-    weight: torch.Tensor, unfused: Callable[[torch.Tensor], torch.Tensor], max_rows: int, repeats: int = 10,
+    weight: torch.Tensor, activation: str, unfused: Callable[[torch.Tensor], torch.Tensor], max_rows: int,
 ) -> tuple[TilePlan, list[dict[str, Any]]]:
     """The plan for ``weight``'s shape on this GPU: at each of :func:`probe_sizes`, the fastest
     candidate tile, or None where it was not :data:`MARGIN` faster than ``unfused`` (cuBLAS +
-    silu_and_mul). Also the timings, for the log and the bench."""
+    the activation kernel). Also the timings, for the log and the bench."""
     intermediate, hidden = weight.shape[0] // 2, weight.shape[1]
     tiles = [tile for tile in CANDIDATES if tile.fits(intermediate, hidden)]
     generator = torch.Generator(device=weight.device).manual_seed(0)
@@ -174,12 +187,12 @@ def choose_tiles(
     for rows in probe_sizes(max_rows):
         x = torch.randn(rows, hidden, device=weight.device, dtype=weight.dtype, generator=generator)
         out = x.new_empty(rows, intermediate)
-        baseline = median_ms(lambda: unfused(x), repeats)
+        baseline = graph_ms(lambda: unfused(x))
         fused: dict[Tile, float] = {}
         refused: dict[str, str] = {}
         for tile in tiles:
             try:
-                fused[tile] = median_ms(lambda tile=tile: gate_up_silu(x, weight, tile, out), repeats)
+                fused[tile] = graph_ms(lambda tile=tile: gate_up_activation(x, weight, activation, tile, out))
             except Exception as error:  # noqa: BLE001  a tile this GPU or Triton cannot build is not chosen
                 refused[tile.name] = f"{type(error).__name__}: {error}"[:200]
         best = min(fused, key=fused.__getitem__, default=None)

@@ -1,0 +1,164 @@
+"""Fusions around a transformer layer's MLP, taken where timing on the model's GPU at start-up
+found them faster (the packed Qwen3 and ModernBERT encoders share them):
+
+- the projections into the residual stream add inside cuBLAS's GEMM (beta = 1) instead of in a
+  separate pass over the stream (how a layer does it is its own: :class:`FusableLayer`);
+- the gate/up projection applies its activation in a Triton GEMM's epilogue
+  (:mod:`.gate_up_activation`), per step size where a tile won.
+
+Nothing is assumed: the first layer times both ways of each (its shapes are every layer's), and
+each layer checks its own weights on a probe against the unfused path. On the CPU, and for
+quantised, biased or sharded projections, nothing changes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+from torch import nn
+from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.model_executor.layers.activation import GeluAndMul, SiluAndMul
+from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+from vllm.model_executor.layers.utils import default_unquantized_gemm
+
+from scoring_plugin.models.kernel_choice import PROBE_TOLERANCE, graph_ms, relative_difference
+
+if TYPE_CHECKING:  # imports Triton, which only the CUDA paths need
+    from scoring_plugin.models.gate_up_activation import GateUpActivation, TilePlan
+
+logger = logging.getLogger(__name__)
+
+# Rows of a probe: enough for a tile of every candidate, small enough to cost nothing.
+PROBE_ROWS = 64
+
+# A layer's work around its residual adds as ``path(first, second, into_residual)``, and random
+# inputs for it of some number of tokens.
+ResidualPath = tuple[Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor], torch.Tensor, torch.Tensor]
+
+
+class FusableLayer(Protocol):
+    """What :func:`choose_mlp_fusions` needs of a layer."""
+
+    into_residual: bool
+    gate_up: GateUpActivation | None
+
+    def gated_mlp(self) -> tuple[nn.Module, nn.Module]:
+        """The merged gate/up projection and vLLM's act-and-mul module after it."""
+        ...
+
+    def residual_path(self, rows: int) -> ResidualPath | None:
+        """Inputs of ``rows`` tokens; None where the layer's projections are not plain GEMMs."""
+        ...
+
+
+def plain_gemm(linear: nn.Module) -> bool:
+    """Whether ``linear`` is ``x @ weight.T`` on CUDA with nothing else in between (one GPU, no
+    quantisation, no bias, vLLM's default GEMM), so a fused path may read its weight."""
+    method = getattr(linear, "quant_method", None)
+    weight = getattr(linear, "weight", None)  # vLLM's CPU path repacks it away
+    return (
+        isinstance(method, UnquantizedLinearMethod)
+        and method._gemm_impl is default_unquantized_gemm
+        and isinstance(weight, torch.Tensor)
+        and weight.is_cuda
+        and weight.is_contiguous()
+        and getattr(linear, "bias", None) is None
+        and get_tensor_model_parallel_world_size() == 1
+    )
+
+
+def activation_name(act_fn: nn.Module) -> str | None:
+    """The fused kernel's epilogue for vLLM's act-and-mul module; None for one it lacks."""
+    if isinstance(act_fn, SiluAndMul):
+        return "silu"
+    if isinstance(act_fn, GeluAndMul):
+        return {"none": "gelu", "tanh": "gelu_tanh"}.get(act_fn.approximate)
+    return None
+
+
+def time_and_probe(
+    path: Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor], first: torch.Tensor, second: torch.Tensor,
+) -> dict[str, float]:
+    """``path`` unfused and fused: the relative difference of their outputs on the inputs' first
+    :data:`PROBE_ROWS` rows, and each one's GPU time on all of them. Each way gets its own
+    copies, since a path may update its inputs in place."""
+    timings: dict[str, float] = {}
+    outputs: list[torch.Tensor] = []
+    for fused in (False, True):
+        a, b = first.clone(), second.clone()
+        outputs.append(path(a[:PROBE_ROWS], b[:PROBE_ROWS], fused))
+        timings["fused_ms" if fused else "unfused_ms"] = graph_ms(lambda: path(a, b, fused))
+    return {"relative_difference": relative_difference(outputs[1], outputs[0]), **timings}
+
+
+def _residual_fusion(layer: FusableLayer, sizes: Sequence[int]) -> list[dict[str, float]] | None:
+    """Turns ``layer``'s adds into the residual on where they reproduce the unfused path and
+    are faster at every one of ``sizes`` tokens; the probes' reports, None where it does not apply."""
+    reports = []
+    for rows in sizes:
+        found = layer.residual_path(rows)
+        if found is None:
+            return None
+        reports.append({"rows": rows, **time_and_probe(*found)})
+    layer.into_residual = all(
+        r["relative_difference"] <= PROBE_TOLERANCE and r["fused_ms"] < r["unfused_ms"] for r in reports
+    )
+    return reports
+
+
+def _gate_up_plan(gate_up: nn.Module, act_fn: nn.Module, max_tokens: int) -> tuple[str, TilePlan] | None:
+    """The fused gate/up GEMM's activation and tiles per step size, timed on this GPU up to the
+    step's token limit; None where it does not apply. fp16/bf16 only: Triton's fp32 dot
+    products run on TF32 tensor cores, below the IEEE fp32 a float32 model is served in."""
+    activation = activation_name(act_fn)
+    if not (activation and plain_gemm(gate_up) and gate_up.weight.dtype in (torch.float16, torch.bfloat16)):
+        return None
+    from scoring_plugin.models.gate_up_activation import choose_tiles  # imports Triton: CUDA only
+
+    plan, timings = choose_tiles(gate_up.weight, activation, lambda x: act_fn(gate_up(x)[0]), max_tokens)
+    logger.info("fused gate/up + %s timings (ms): %s", activation, timings)
+    return activation, plan
+
+
+def _fused_gate_up(
+    gate_up: nn.Module, act_fn: nn.Module, activation: str, plan: TilePlan
+) -> tuple[GateUpActivation | None, float]:
+    """One layer's fused kernel following ``plan``, where every tile in it reproduces the layer's
+    unfused activation on a probe; and the probe's worst relative difference."""
+    from scoring_plugin.models.gate_up_activation import GateUpActivation, gate_up_activation
+
+    generator = torch.Generator(device=gate_up.weight.device).manual_seed(0)
+    probe = torch.randn(PROBE_ROWS, gate_up.weight.shape[1], device=gate_up.weight.device,
+                        dtype=gate_up.weight.dtype, generator=generator)
+    expected = act_fn(gate_up(probe)[0])
+    tiles = {tile for _, tile in plan if tile is not None}
+    relative = max(relative_difference(gate_up_activation(probe, gate_up.weight, activation, tile), expected)
+                   for tile in tiles)
+    return (GateUpActivation(gate_up.weight, activation, plan) if relative <= PROBE_TOLERANCE else None), relative
+
+
+def choose_mlp_fusions(layers: Sequence[FusableLayer], max_tokens: int) -> None:
+    """Sets every layer's fusions for this GPU, once, at the first step (vLLM's profiling run:
+    weights loaded, before any graph capture), and logs what was chosen."""
+    first = layers[0]
+    residual = _residual_fusion(first, sorted({min(512, max_tokens), max_tokens}))
+    for layer in layers[1:]:
+        layer.into_residual = first.into_residual
+    chosen = _gate_up_plan(*first.gated_mlp(), max_tokens)
+    differences = []
+    if chosen is not None and any(tile is not None for _, tile in chosen[1]):
+        for layer in layers:
+            layer.gate_up, difference = _fused_gate_up(*layer.gated_mlp(), *chosen)
+            differences.append(difference)
+    if residual is None and chosen is None:
+        return  # neither applies (the CPU backend, quantised or sharded weights)
+    logger.info(
+        "MLP fusions: projections into the residual %s (%s); gate/up + %s in %d of %d layers "
+        "(probe difference <= %.2g; plan %s)", "on" if first.into_residual else "off", residual,
+        chosen[0] if chosen else "activation", sum(layer.gate_up is not None for layer in layers), len(layers),
+        max(differences, default=0.0), [(rows, tile.name if tile else "unfused") for rows, tile in chosen[1]]
+        if chosen else None,
+    )
