@@ -12,11 +12,13 @@ call tokenized in a worker thread); `grpc-frontends` runs it with `--frontends` 
 processes sharing the engine core (the client then spreads its calls over several connections);
 `grpc-base` runs another build of our packages (`--base-site DIR`, e.g. the last commit's
 wheels installed with `pip install --target DIR`), so a change is measured against its base in
-one run, on one machine.
+one run, on one machine; with `--ab-rounds N` the two servers are up at once and their levels
+interleaved for N rounds (harness.interleaved), so the host's drift lands on both.
 
     python bench/absa.py --out bench/results                      # GPU, bf16
     python bench/absa.py --scenario fp32 --out bench/results      # GPU, fp32 (eager)
     python bench/absa.py --cpu-smoke --out /tmp/bench             # CPU: harness check only
+    python bench/absa.py --systems grpc,grpc-base --base-site DIR --ab-rounds 3 --concurrency 1,32
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import random
 import re
 import statistics
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -35,13 +38,16 @@ from typing import Any
 from harness import (
     Level,
     Report,
+    Target,
+    Workload,
+    ab_table,
     channel_count,
-    closed_loop,
     conditions,
     free_port,
     grpc_channels,
     grpc_serving,
     int_list,
+    interleaved,
     log,
     mib,
     offline_rate,
@@ -64,6 +70,8 @@ WORDS = (
     "friendly rude clean noisy cheap expensive long short and but the a of for with at our"
 ).split()
 Pairs = list[tuple[str, str]]
+# Starts one of our servers and yields it ready, stopping it on the way out.
+Server = Callable[[], AbstractAsyncContextManager[Target]]
 # In the name of the systems that run float32 with TF32 matmuls (`float32_matmul_precision: high`).
 TF32 = "TF32 matmuls"
 
@@ -149,31 +157,38 @@ def tokens_per_pair(model: Path, requests: list[Pairs]) -> float:
     return statistics.mean(len(tokenizer(a, r)["input_ids"]) for pairs in requests[:20] for a, r in pairs)
 
 
-async def drive(system: str, send, requests: list[Pairs], scenario: Scenario, server_pid: int,  # type: ignore[no-untyped-def]
-                metrics_url: str) -> list[Level]:
+def load_plan(scenario: Scenario, requests: list[Pairs]) -> tuple[Workload, list[Workload]]:
+    """The warm-up, then the scenario's concurrency levels."""
     n = scenario.pairs_per_request
-    log(f"{system}: warm-up")
-    await closed_loop(send, requests, n, max(scenario.concurrency), min(5.0, scenario.seconds_per_level), system + "-warmup")
-    return [await closed_loop(send, requests, n, c, scenario.seconds_per_level, system, server_pid, metrics_url)
-            for c in scenario.concurrency]
+    warm_up = Workload(requests, n, max(scenario.concurrency), min(5.0, scenario.seconds_per_level))
+    return warm_up, [Workload(requests, n, c, scenario.seconds_per_level) for c in scenario.concurrency]
 
 
-async def bench_grpc(
-    model: Path, scenario: Scenario, requests: list[Pairs], work: Path, packed: bool, system: str,
+async def drive(servers: Sequence[Server], scenario: Scenario, requests: list[Pairs], rounds: int = 1) -> list[Level]:
+    """The load plan on each server, all of them up at once (harness.interleaved)."""
+    async with AsyncExitStack() as stack:
+        targets = [await stack.enter_async_context(server()) for server in servers]
+        return await interleaved(targets, *load_plan(scenario, requests), rounds=rounds)
+
+
+@asynccontextmanager
+async def grpc_target(
+    model: Path, scenario: Scenario, work: Path, packed: bool, system: str, name: str,
     full_graph_tokens: int | None = None, frontends: int = 1, channels: int | None = None,
     inline_plan_items: int | None = None, matmul_precision: str | None = None, site: str | None = None,
-) -> list[Level]:
-    """Our server; ``full_graph_tokens`` its ``pack_full_graph_tokens``, ``inline_plan_items``
-    and ``matmul_precision`` (``float32_matmul_precision``) its settings of those names (None:
-    their defaults). The client sends its calls over ``channels`` connections in turn (None:
-    harness.channel_count). ``site``: a directory of other builds of our packages, imported by
-    the server before the installed ones (harness.site_environment)."""
+) -> AsyncIterator[Target]:
+    """Our server, ready; ``name`` its files' (``absa-<name>-server.log``). ``full_graph_tokens``
+    its ``pack_full_graph_tokens``, ``inline_plan_items`` and ``matmul_precision``
+    (``float32_matmul_precision``) its settings of those names (None: their defaults). The
+    client sends its calls over ``channels`` connections in turn (None: harness.channel_count).
+    ``site``: a directory of other builds of our packages, imported by the server before the
+    installed ones (harness.site_environment)."""
     import itertools
 
     from scoring.v1 import absa_pb2, absa_pb2_grpc
 
     port, metrics_port = free_port(), free_port()
-    config = work / "absa-grpc-server.yaml"
+    config, log_path = work / f"absa-{name}-server.yaml", work / f"absa-{name}-server.log"
     engine_args: dict[str, Any] = {"enforce_eager": scenario.enforce_eager}
     if scenario is CPU_SMOKE:
         engine_args["kv_cache_memory_bytes"] = 64 * 1024 * 1024
@@ -189,12 +204,11 @@ async def bench_grpc(
     write_server_config(config, port, [settings], metrics_port=metrics_port, frontends=frontends,
                         inline_plan_items=inline_plan_items)
     log(f"{system}: starting our server")
-    server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], work / "absa-grpc-server.log",
-                   site_environment(site))
+    server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], log_path, site_environment(site))
     count = channels or channel_count(frontends)
     try:
         async with grpc_channels(f"127.0.0.1:{port}", count) as channels:
-            await wait_ready(grpc_serving(*channels), server, work / "absa-grpc-server.log", "our server")
+            await wait_ready(grpc_serving(*channels), server, log_path, "our server")
             stubs = itertools.cycle([absa_pb2_grpc.AbsaServiceStub(channel) for channel in channels])
 
             async def send(pairs: Pairs) -> int:
@@ -203,7 +217,7 @@ async def bench_grpc(
                 assert len(response.results) == len(pairs)
                 return response.usage.prompt_tokens
 
-            return await drive(system, send, requests, scenario, server.pid, f"http://127.0.0.1:{metrics_port}/metrics")
+            yield Target(system, send, server.pid, f"http://127.0.0.1:{metrics_port}/metrics")
     finally:
         stop(server)
 
@@ -236,7 +250,8 @@ async def bench_http(
                     return r.status == 200
 
             await wait_ready(healthy, server, log_path, system)
-            return await drive(system, send_factory(session, base), requests, scenario, server.pid, base + "/metrics")
+            target = Target(system, send_factory(session, base), server.pid, base + "/metrics")
+            return await interleaved([target], *load_plan(scenario, requests))
     finally:
         stop(server)
 
@@ -306,7 +321,7 @@ def table(report: Report) -> str:
         )
     if report.hf_items_per_s:
         lines.append(f"| HF transformers (offline, best batch, both heads) | - | {report.hf_items_per_s:,.0f} | - | - | - | 0 | - | - | - | 1.00x | - |")
-    return "\n".join(lines + stage_table(report.levels))
+    return "\n".join(lines + stage_table(report.levels) + ab_table(report.levels))
 
 
 async def main_async(args: argparse.Namespace) -> Report:
@@ -324,31 +339,42 @@ async def main_async(args: argparse.Namespace) -> Report:
     log(f"{scenario.name} {scenario.dtype}: {report.tokens_per_item:.0f} tokens/pair")
     packed = scenario.pack_pairs
 
-    def ours(label: str, pack: bool = packed, **options: Any) -> Callable[[], Awaitable[list[Level]]]:
-        return lambda: bench_grpc(absa, scenario, requests, work, pack, label, **options)
+    def ours(name: str, label: str, pack: bool = packed, **options: Any) -> Server:
+        return lambda: grpc_target(absa, scenario, work, pack, label, name, **options)
 
     def stock(
         label: str, model: Path, extra: list[str], send: Callable[..., Any], **options: Any
     ) -> Callable[[], Awaitable[list[Level]]]:
         return lambda: bench_http(label, model, scenario, requests, work, extra, send, **options)
 
-    runs = {
-        "grpc": ours("grpc (ours)" if packed else "grpc (ours, unpacked)"),
-        "grpc-base": ours(f"grpc (ours, base: {Path(args.base_site or '-').name})", site=args.base_site),
-        "grpc-threads": ours("grpc (ours, planning always in threads)", inline_plan_items=0),
-        "grpc-frontends": ours(f"grpc (ours, {args.frontends} front-ends)", frontends=args.frontends,
-                               channels=args.channels),
-        "plugin": stock("vllm serve /pooling + plugin", absa, ["--io-processor-plugin", "absa"], plugin_pooling),
-        "classify": stock("vllm serve /classify (stock, sentiment only)", twin, [], stock_classify),
+    servers = {
+        "grpc": ours("grpc", "grpc (ours)" if packed else "grpc (ours, unpacked)"),
+        "grpc-base": ours("grpc-base", f"grpc (ours, base: {Path(args.base_site or '-').name})", site=args.base_site),
+        "grpc-threads": ours("grpc-threads", "grpc (ours, planning always in threads)", inline_plan_items=0),
+        "grpc-frontends": ours("grpc-frontends", f"grpc (ours, {args.frontends} front-ends)",
+                               frontends=args.frontends, channels=args.channels),
     }
     if packed:
-        runs["grpc-unpacked"] = ours("grpc (ours, unpacked)", pack=False)
-        runs["grpc-piecewise"] = ours("grpc (ours, piecewise graphs only)", full_graph_tokens=0)
+        servers["grpc-unpacked"] = ours("grpc-unpacked", "grpc (ours, unpacked)", pack=False)
+        servers["grpc-piecewise"] = ours("grpc-piecewise", "grpc (ours, piecewise graphs only)", full_graph_tokens=0)
     if scenario.dtype == "float32":
-        runs["grpc-tf32"] = ours(f"grpc (ours, {TF32})", matmul_precision="high")
+        servers["grpc-tf32"] = ours("grpc-tf32", f"grpc (ours, {TF32})", matmul_precision="high")
+    systems = args.systems.split(",")
+    if args.ab_rounds:
+        unknown = [name for name in systems if name not in servers]
+        if unknown or len(systems) != 2:
+            raise SystemExit(f"--ab-rounds: two of our servers, of {','.join(servers)}; got {args.systems}")
+        report.levels += await drive([servers[name] for name in systems], scenario, requests, args.ab_rounds)
+        return report
+    runs: dict[str, Callable[[], Awaitable[list[Level]]]] = {
+        name: lambda server=server: drive([server], scenario, requests) for name, server in servers.items()
+    }
+    runs["plugin"] = stock("vllm serve /pooling + plugin", absa, ["--io-processor-plugin", "absa"], plugin_pooling)
+    runs["classify"] = stock("vllm serve /classify (stock, sentiment only)", twin, [], stock_classify)
+    if scenario.dtype == "float32":
         runs["classify-tf32"] = stock(f"vllm serve /classify (stock, sentiment only, {TF32})", twin, [],
                                       stock_classify, matmul_precision="high")
-    await run_systems(report, args.systems.split(","), runs, {"hf": lambda: bench_hf(absa, scenario, requests)})
+    await run_systems(report, systems, runs, {"hf": lambda: bench_hf(absa, scenario, requests)})
     return report
 
 
@@ -367,6 +393,9 @@ def main() -> None:
     parser.add_argument("--no-pack", action="store_true", help="our server without pair packing")
     parser.add_argument("--seconds-per-level", type=float, help="override the scenario's")
     parser.add_argument("--concurrency", type=int_list, default=[], help="e.g. 1,32: override the scenario's levels")
+    parser.add_argument("--ab-rounds", type=int, default=0,
+                        help="two of our servers (--systems, e.g. grpc,grpc-base) up at once, their levels "
+                             "interleaved for this many rounds, and an A/B table (harness.interleaved)")
     parser.add_argument("--work", default="/tmp/scoring-bench")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()

@@ -17,10 +17,9 @@
 #   sh bench/h200_absa.sh tf32      # fp32: ours and stock /classify, each with IEEE and with TF32
 #                                   # matmuls (float32_matmul_precision high), c=1 and 32 (~6 min)
 #   sh bench/h200_absa.sh ab        # this tree against a base build (.whl-base: wheels of the base
-#                                   # commit) in one run: host stage costs of both, then ours and
-#                                   # the base at c=1 and 32, twice, each first once (~11 min:
-#                                   # past one call's 10 minutes: AB_ROUNDS=1 in one call, then
-#                                   # AB_FROM=2 AB_ROUNDS=2 in the next)
+#                                   # commit): host stage costs of both, then both servers up at
+#                                   # once, c=1 and 32 interleaved for AB_ROUNDS rounds (default 3),
+#                                   # the A/B table (~5 min)
 #   sh bench/h200_absa.sh rpc       # what a unary call pays for gRPC on this host: bare grpc.aio,
 #                                   # our interceptors, the base build's (.whl-base) and each part
 #                                   # alone (bench/rpc_overhead.py --breakdown, ~2 min)
@@ -90,11 +89,8 @@ ab)
         PYTHONPATH="$site$PYTHONPATH" python3 absa_host_costs.py --repeat 200 --out "$OUT/host-costs-$build.json" \
             2>&1 | grep "^|"
     done
-    for round in $(seq "${AB_FROM:-1}" "${AB_ROUNDS:-2}"); do  # odd rounds run this tree first, even ones the base
-        order=$([ $((round % 2)) = 1 ] && echo grpc,grpc-base || echo grpc-base,grpc)
-        python3 absa.py --systems "$order" --base-site /tmp/site-base --concurrency 1,32 \
-            --seconds-per-level 8 --work /tmp/bw --out "$OUT/ab-$round" 2>&1 | grep -A14 "^| system"
-    done
+    python3 absa.py --systems grpc,grpc-base --base-site /tmp/site-base --ab-rounds "${AB_ROUNDS:-3}" \
+        --concurrency 1,32 --seconds-per-level 8 --work /tmp/bw --out "$OUT/ab" 2>&1 | sed -n "/^| system/,\$p"
     grep -h "MLP fusions\|timings (ms)" /tmp/bw/absa-grpc-server.log | cut -c1-900 || true
     ;;
 rpc)

@@ -20,9 +20,9 @@
 #                                     # vLLM's act-and-mul, the projections into the residual; their GPU
 #                                     # tests (~2 min)
 #   sh bench/h200_rerank.sh ab        # this tree against a base build (.whl-base: wheels of the
-#                                     # base commit) in one run: c=1/16/64 at 20 documents, c=1 at
-#                                     # one document (~4 min per round; AB_ROUNDS rounds, default
-#                                     # 1, from AB_FROM; odd rounds run this tree first)
+#                                     # base commit), both servers up at once, their levels
+#                                     # interleaved for AB_ROUNDS rounds (default 3): c=1/16/64 at 20
+#                                     # documents, c=1 at one document; the A/B table (~5 min)
 # The base build's wheels come from .whl-base, or the directory WHL_BASE names (relative to the
 # project's root), so one staging can hold two bases.
 set -eu
@@ -71,11 +71,8 @@ mlp)
     ;;
 ab)
     python3 -m pip install -q --no-deps --upgrade --target /tmp/site-base "../${WHL_BASE:-.whl-base}"/*.whl
-    for round in $(seq "${AB_FROM:-1}" "${AB_ROUNDS:-1}"); do  # odd rounds run this tree first, even ones the base
-        order=$([ $((round % 2)) = 1 ] && echo grpc,grpc-base || echo grpc-base,grpc)
-        python3 rerank.py --systems "$order" --base-site /tmp/site-base --docs-sweep 1 --seconds-per-level 8 \
-            --work /tmp/bw --out "$OUT/ab-$round" 2>&1 | grep -A14 "^| system"
-    done
+    python3 rerank.py --systems grpc,grpc-base --base-site /tmp/site-base --ab-rounds "${AB_ROUNDS:-3}" --docs-sweep 1 \
+        --seconds-per-level 8 --work /tmp/bw --out "$OUT/ab" 2>&1 | sed -n "/^| system/,\$p"
     grep -h "MLP fusions\|timings (ms)" /tmp/bw/grpc-server.log | cut -c1-900 || true
     ;;
 esac

@@ -87,6 +87,82 @@ async def run_systems(
             report.levels += await runs[name]()
 
 
+@dataclass(frozen=True)
+class Target:
+    """A running server as the load generator sees it: what sends one request (returning the
+    tokens the server reports), its process for CPU and GPU memory, its /metrics."""
+
+    label: str
+    send: Callable[[Any], Awaitable[int]]
+    pid: int | None = None
+    metrics_url: str | None = None
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One level of closed-loop load."""
+
+    payloads: Sequence[Any]
+    items_per_request: int
+    concurrency: int
+    seconds: float
+
+
+async def interleaved(targets: Sequence[Target], warm_up: Workload, workloads: Sequence[Workload],
+                      rounds: int = 1) -> list[Level]:
+    """Every workload on every target, ``rounds`` times, with all the targets up at once: each
+    workload runs on one target right after the other, first one first on even turns, the last
+    one on odd turns. The host drifts by 10-25% over minutes (ABSA run9: the same code 9-14%
+    slower from one minute to the next), as much as the changes an A/B measures; run one server
+    after the other, the drift lands on one of them, while levels seconds apart share it. With
+    more than one round a level's system is labelled with its round ("... #2")."""
+    for target in targets:
+        log(f"{target.label}: warm-up")
+        await closed_loop(target.send, warm_up.payloads, warm_up.items_per_request, warm_up.concurrency,
+                          warm_up.seconds, target.label + "-warmup")
+    levels = []
+    turn = 0
+    for round_ in range(1, rounds + 1):
+        for workload in workloads:
+            for target in (targets if turn % 2 == 0 else list(reversed(targets))):
+                label = target.label if rounds == 1 else f"{target.label} #{round_}"
+                levels.append(await closed_loop(target.send, workload.payloads, workload.items_per_request,
+                                                workload.concurrency, workload.seconds, label, target.pid,
+                                                target.metrics_url))
+            turn += 1
+    return levels
+
+
+def ab_table(levels: Sequence[Level]) -> list[str]:
+    """Markdown lines, for levels of two systems over several rounds (:func:`interleaved`'s "#n"
+    labels; nothing otherwise): per workload, the first system against the second round by
+    round, items/s and p50 ratios, and their medians over the rounds."""
+    def split(level: Level) -> tuple[str, str]:
+        label, _, round_ = level.system.rpartition(" #")
+        return (label, round_) if label else (level.system, "")
+
+    labels = list(dict.fromkeys(split(l)[0] for l in levels if split(l)[1]))
+    if len(labels) != 2:
+        return []
+    a, b = labels
+    by = {(split(l), l.items_per_request, l.concurrency): l for l in levels}
+    lines = ["", f"A/B, interleaved: {a} against {b} (>1: the first faster), per round, then the median:", "",
+             "| items/request | concurrency | items/s ratio per round | p50 ratio per round | median items/s ratio "
+             "| median p50 ratio |", "|---|---|---|---|---|---|"]
+    workloads = dict.fromkeys((l.items_per_request, l.concurrency) for l in levels)
+    rounds = list(dict.fromkeys(split(l)[1] for l in levels if split(l)[1]))
+    for items, concurrency in workloads:
+        both = [(by[((a, r), items, concurrency)], by[((b, r), items, concurrency)]) for r in rounds
+                if ((a, r), items, concurrency) in by and ((b, r), items, concurrency) in by]
+        rates = [x.items_per_s / y.items_per_s for x, y in both if y.items_per_s]
+        latencies = [y.p50_ms / x.p50_ms for x, y in both if x.p50_ms]
+        if rates and latencies:
+            lines.append(f"| {items} | {concurrency} | {', '.join(f'{r:.3f}' for r in rates)} | "
+                         f"{', '.join(f'{r:.3f}' for r in latencies)} | {statistics.median(rates):.3f} | "
+                         f"{statistics.median(latencies):.3f} |")
+    return lines
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

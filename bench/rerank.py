@@ -12,6 +12,8 @@ next request when the last one returns, for a fixed time per concurrency level.
     python bench/rerank.py --cpu-smoke --out /tmp/bench   # CPU: a tiny model, harness check only
     python bench/rerank.py --systems grpc,grpc-base --base-site DIR   # ours against another build
                                                           # (pip install --target DIR of its wheels)
+    python bench/rerank.py --systems grpc,grpc-base --base-site DIR --ab-rounds 3
+                                                          # both up at once, levels interleaved
 
 Prints one table (pairs/s, p50/p95/p99 latency, ratios to each baseline) and writes JSON and
 Markdown with the conditions to --out. CPU numbers only check that the harness runs.
@@ -26,28 +28,31 @@ import random
 import statistics
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from harness import (
     Level,
-    busy_cores,
-    mib,
-    stage_table,
     Report,
-    closed_loop,
+    Target,
+    Workload,
+    ab_table,
+    busy_cores,
     conditions,
     free_port,
     grpc_serving,
     int_list,
+    interleaved,
     log,
+    mib,
     offline_rate,
     pooling_sender,
     ratio,
     run_systems,
     site_environment,
+    stage_table,
     start,
     stop,
     vllm_serve_command,
@@ -149,22 +154,26 @@ def tokens_per_pair(model: Path, requests: list[tuple[str, list[str]]]) -> float
     return statistics.mean(counts)
 
 
-async def drive(system: str, send, requests, scenario: Scenario, docs_sweep: list[int], server_pid: int,  # type: ignore[no-untyped-def]
-                metrics_url: str | None = None) -> list[Level]:
-    """The scenario's concurrency levels at its document count, then c=1 at each sweep count
-    (fixed per-request cost against per-pair cost)."""
-    log(f"{system}: warm-up")
-    docs = scenario.docs_per_request
-    await closed_loop(send, requests, docs, max(scenario.concurrency), min(5.0, scenario.seconds_per_level), system + "-warmup")
-    levels = [
-        await closed_loop(send, requests, docs, c, scenario.seconds_per_level, system, server_pid, metrics_url)
-        for c in scenario.concurrency
-    ]
-    for fewer_docs in docs_sweep:
-        fewer = [(q, d[:fewer_docs]) for q, d in requests]
-        levels.append(await closed_loop(send, fewer, fewer_docs, 1, scenario.seconds_per_level / 2, system, server_pid,
-                                         metrics_url))
-    return levels
+def load_plan(scenario: Scenario, requests, docs_sweep: list[int]) -> tuple[Workload, list[Workload]]:  # type: ignore[no-untyped-def]
+    """The warm-up; the scenario's concurrency levels at its document count, then c=1 at each
+    sweep count (fixed per-request cost against per-pair cost)."""
+    docs, seconds = scenario.docs_per_request, scenario.seconds_per_level
+    warm_up = Workload(requests, docs, max(scenario.concurrency), min(5.0, seconds))
+    levels = [Workload(requests, docs, c, seconds) for c in scenario.concurrency]
+    levels += [Workload([(q, d[:fewer]) for q, d in requests], fewer, 1, seconds / 2) for fewer in docs_sweep]
+    return warm_up, levels
+
+
+async def drive(servers: Sequence[Server], scenario: Scenario, requests, docs_sweep: list[int],  # type: ignore[no-untyped-def]
+                rounds: int = 1) -> list[Level]:
+    """The load plan on each server, all of them up at once (harness.interleaved)."""
+    async with AsyncExitStack() as stack:
+        targets = [await stack.enter_async_context(server()) for server in servers]
+        return await interleaved(targets, *load_plan(scenario, requests, docs_sweep), rounds=rounds)
+
+
+# Starts one of our servers and yields it ready, stopping it on the way out.
+Server = Callable[[], AbstractAsyncContextManager[Target]]
 
 
 class RunningServer(NamedTuple):
@@ -174,14 +183,15 @@ class RunningServer(NamedTuple):
 
 
 @asynccontextmanager
-async def grpc_reranker(model: Path, scenario: Scenario, work: Path) -> AsyncIterator[RunningServer]:
-    """Our server on the scenario's model, as configured for the benchmark."""
+async def grpc_reranker(model: Path, scenario: Scenario, work: Path, name: str = "grpc") -> AsyncIterator[RunningServer]:
+    """Our server on the scenario's model, as configured for the benchmark; ``name`` its files'
+    (``<name>-server.log``)."""
     import grpc
 
     from scoring.v1 import rerank_pb2_grpc
 
     port, metrics_port = free_port(), free_port()
-    config = work / "grpc-server.yaml"
+    config, log_path = work / f"{name}-server.yaml", work / f"{name}-server.log"
     settings: dict[str, Any] = {
         "name": "reranker", "path": str(model), "dtype": scenario.dtype,
         "rerank_mode": "cross_encoder", "max_model_len": 512,
@@ -194,12 +204,12 @@ async def grpc_reranker(model: Path, scenario: Scenario, work: Path) -> AsyncIte
         settings["pack_full_graph_tokens"] = scenario.pack_full_graph_tokens
     write_server_config(config, port, [settings], metrics_port=metrics_port,
                         inline_plan_items=scenario.inline_plan_items)
-    log("grpc: starting our server")
-    server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], work / "grpc-server.log",
+    log(f"{name}: starting our server")
+    server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], log_path,
                    site_environment(scenario.server_site))
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            await wait_ready(grpc_serving(channel), server, work / "grpc-server.log", "our server")
+            await wait_ready(grpc_serving(channel), server, log_path, "our server")
             yield RunningServer(rerank_pb2_grpc.RerankServiceStub(channel), server.pid,
                                 f"http://127.0.0.1:{metrics_port}/metrics")
     finally:
@@ -221,10 +231,12 @@ async def raw_scores(stub: Any, calls: list[tuple[str, list[str]]]) -> list[list
     return out
 
 
-async def bench_grpc(model: Path, scenario: Scenario, requests, work: Path, docs_sweep: list[int], label: str) -> list[Level]:  # type: ignore[no-untyped-def]
+@asynccontextmanager
+async def grpc_target(model: Path, scenario: Scenario, work: Path, label: str, name: str) -> AsyncIterator[Target]:
+    """Our server, ready, as the load generator drives it: Rerank calls with a sigmoid."""
     from scoring.v1 import rerank_pb2
 
-    async with grpc_reranker(model, scenario, work) as server:
+    async with grpc_reranker(model, scenario, work, name) as server:
         stub = server.stub
 
         async def send(payload: tuple[str, list[str]]) -> int:
@@ -236,7 +248,7 @@ async def bench_grpc(model: Path, scenario: Scenario, requests, work: Path, docs
             assert len(response.results) == len(documents)
             return response.usage.prompt_tokens
 
-        return await drive(label, send, requests, scenario, docs_sweep, server.pid, server.metrics_url)
+        yield Target(label, send, server.pid, server.metrics_url)
 
 
 async def bench_vllm_serve(model: Path, scenario: Scenario, requests, work: Path, docs_sweep: list[int],  # type: ignore[no-untyped-def]
@@ -284,7 +296,8 @@ async def bench_vllm_serve(model: Path, scenario: Scenario, requests, work: Path
                 lambda payload: {"query": payload[0], "documents": [{"text": d} for d in payload[1]]},
                 lambda payload: len(payload[1]),
             )
-            return await drive(system, send, requests, scenario, docs_sweep, server.pid, base + "/metrics")
+            target = Target(system, send, server.pid, base + "/metrics")
+            return await interleaved([target], *load_plan(scenario, requests, docs_sweep))
     finally:
         stop(server)
 
@@ -324,7 +337,7 @@ def table(report: Report) -> str:
         )
     if report.hf_items_per_s:
         lines.append(f"| HF transformers (offline, best batch) | - | - | {report.hf_items_per_s:,.0f} | - | - | - | 0 | - | - | 1.00x | - | - |")
-    return "\n".join(lines + stage_table(report.levels))
+    return "\n".join(lines + stage_table(report.levels) + ab_table(report.levels))
 
 
 async def main_async(args: argparse.Namespace) -> Report:
@@ -344,20 +357,34 @@ async def main_async(args: argparse.Namespace) -> Report:
     log(f"{scenario.name}: {report.tokens_per_item:.0f} tokens/pair")
     docs_sweep = args.docs_sweep
 
-    def ours(label: str, **changes: Any) -> Callable[[], Awaitable[list[Level]]]:
-        return lambda: bench_grpc(model, replace(scenario, **changes), requests, work, docs_sweep, label)
+    def ours(name: str, label: str, **changes: Any) -> Server:
+        return lambda: grpc_target(model, replace(scenario, **changes), work, label, name)
 
-    runs = {
-        "grpc": ours("grpc (ours)"),
-        "grpc-threads": ours("grpc (ours, planning always in threads)", inline_plan_items=0),
-        "grpc-base": ours(f"grpc (ours, base: {Path(args.base_site or '-').name})", server_site=args.base_site),
-        "vllm": lambda: bench_vllm_serve(model, scenario, requests, work, docs_sweep, plugin=False),
-        "plugin": lambda: bench_vllm_serve(model, scenario, requests, work, docs_sweep, plugin=True),
+    servers = {
+        "grpc": ours("grpc", "grpc (ours)"),
+        "grpc-threads": ours("grpc-threads", "grpc (ours, planning always in threads)", inline_plan_items=0),
+        "grpc-base": ours("grpc-base", f"grpc (ours, base: {Path(args.base_site or '-').name})",
+                          server_site=args.base_site),
     }
     if scenario.pack_pairs:
-        runs["grpc-eager"] = ours("grpc (ours, eager layers)", pack_graphs=False)
-        runs["grpc-piecewise"] = ours("grpc (ours, piecewise graphs only)", pack_full_graph_tokens=0)
-    await run_systems(report, args.systems.split(","), runs, {"hf": lambda: bench_hf(model, scenario, requests)})
+        servers["grpc-eager"] = ours("grpc-eager", "grpc (ours, eager layers)", pack_graphs=False)
+        servers["grpc-piecewise"] = ours("grpc-piecewise", "grpc (ours, piecewise graphs only)", pack_full_graph_tokens=0)
+    systems = args.systems.split(",")
+    if args.ab_rounds:
+        unknown = [name for name in systems if name not in servers]
+        if unknown or len(systems) != 2:
+            raise SystemExit(f"--ab-rounds: two of our servers, of {','.join(servers)}; got {args.systems}")
+        # Both up at once on one GPU: each takes its share of the scenario's memory.
+        scenario.gpu_memory_utilization = min(scenario.gpu_memory_utilization, 0.45)
+        report.levels += await drive([servers[name] for name in systems], scenario, requests, docs_sweep,
+                                     args.ab_rounds)
+        return report
+    runs: dict[str, Callable[[], Awaitable[list[Level]]]] = {
+        name: lambda server=server: drive([server], scenario, requests, docs_sweep) for name, server in servers.items()
+    }
+    runs["vllm"] = lambda: bench_vllm_serve(model, scenario, requests, work, docs_sweep, plugin=False)
+    runs["plugin"] = lambda: bench_vllm_serve(model, scenario, requests, work, docs_sweep, plugin=True)
+    await run_systems(report, systems, runs, {"hf": lambda: bench_hf(model, scenario, requests)})
     return report
 
 
@@ -368,6 +395,9 @@ def main() -> None:
                         help="of hf,grpc,grpc-base,grpc-eager,grpc-piecewise,grpc-threads,vllm,plugin")
     parser.add_argument("--base-site", help="grpc-base: our server with the packages installed in this directory "
                                             "(pip install --target) first on its path: a baseline build, same run")
+    parser.add_argument("--ab-rounds", type=int, default=0,
+                        help="two of our servers (--systems, e.g. grpc,grpc-base) up at once, their levels "
+                             "interleaved for this many rounds, and an A/B table (harness.interleaved)")
     parser.add_argument("--work", default="/tmp/scoring-bench")
     parser.add_argument("--seconds-per-level", type=float, help="override the scenario's")
     parser.add_argument("--concurrency", type=int_list, default=[], help="e.g. 1,32: override the scenario's levels")

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import DEMO_DIR, REPO, tool_env
 
 
@@ -134,6 +135,36 @@ def test_a_system_the_run_cannot_serve_fails_before_any_runs(tmp_path: Path) -> 
         assert systems.split(",")[1] + " not available here" in done.stderr
         assert not list((tmp_path / "work").glob("*.log")), "a server started"
         assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("script", "logs"), [("absa.py", ("absa-grpc-server.log", "absa-grpc-base-server.log")),
+                                              ("rerank.py", ("grpc-server.log", "grpc-base-server.log"))])
+def test_an_interleaved_ab_runs_both_builds_level_by_level(tmp_path: Path, script: str, logs: tuple[str, str]) -> None:
+    """--ab-rounds: both servers up at once, each level on one right after the other, the first
+    one first on alternate turns (harness.interleaved), and the A/B table of per-round ratios."""
+    site, out, work = tmp_path / "site-base", tmp_path / "results", tmp_path / "work"
+    site.mkdir()  # the installed build again, under the base's name
+    done = _bench(script, "--cpu-smoke", "--systems", "grpc,grpc-base", "--base-site", str(site), "--ab-rounds", "2",
+                  "--concurrency", "1", "--seconds-per-level", "1", "--out", str(out), "--work", str(work))
+    (report_file,) = out.glob("*.json")
+    levels = json.loads(report_file.read_text())["levels"]
+    assert [level["system"] for level in levels] == [
+        "grpc (ours) #1", "grpc (ours, base: site-base) #1", "grpc (ours, base: site-base) #2", "grpc (ours) #2"]
+    assert all(level["errors"] == 0 and level["requests"] > 0 for level in levels)
+    assert "A/B, interleaved: grpc (ours) against grpc (ours, base: site-base)" in done.stdout
+    (row,) = [line for line in done.stdout.splitlines() if line.startswith("| 4 | 1 | ") and line.count("|") == 7]
+    assert len(row.split("|")[3].split(",")) == 2  # a ratio per round
+    assert all((work / name).exists() for name in logs)  # each server its own files
+
+
+def test_an_interleaved_ab_takes_two_of_our_servers(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "rerank.py"), "--cpu-smoke", "--systems", "grpc,vllm", "--ab-rounds", "2",
+         "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")],
+        capture_output=True, text=True, timeout=600, env=tool_env(), cwd=REPO / "bench",
+    )
+    assert done.returncode != 0 and "--ab-rounds: two of our servers" in done.stderr
+    assert not list((tmp_path / "work").glob("*.log")), "a server started"
 
 
 def test_absa_bench_cpu_smoke(tmp_path: Path) -> None:

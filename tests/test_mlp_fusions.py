@@ -164,6 +164,28 @@ def _check_gpu() -> dict[str, object]:
     return result
 
 
+class _UntimeableLayer:
+    """A layer whose path cannot be timed (as a capture or a compile failing on some GPU)."""
+
+    into_residual = True
+    gate_up = object()
+
+    def gated_mlp(self) -> tuple[torch.nn.Module, torch.nn.Module]:
+        raise AssertionError("not reached")
+
+    def residual_path(self, rows: int) -> None:
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def test_timing_that_fails_leaves_every_layer_unfused(caplog: pytest.LogCaptureFixture) -> None:
+    from scoring_plugin.models.mlp_fusions import choose_mlp_fusions
+
+    layers = [_UntimeableLayer(), _UntimeableLayer()]
+    choose_mlp_fusions(layers, max_tokens=1024)
+    assert all(layer.into_residual is False and layer.gate_up is None for layer in layers)
+    assert "every layer stays unfused" in caplog.text and "stream is capturing" in caplog.text
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the H200 staging)")
 def test_the_gpu_choice_keeps_the_layers_output() -> None:
     """Whatever timing chose on this GPU, within two bf16 roundings of the unfused output."""

@@ -142,7 +142,18 @@ def _fused_gate_up(
 
 def choose_mlp_fusions(layers: Sequence[FusableLayer], max_tokens: int) -> None:
     """Sets every layer's fusions for this GPU, once, at the first step (vLLM's profiling run:
-    weights loaded, before any graph capture), and logs what was chosen."""
+    weights loaded, before any graph capture), and logs what was chosen. Timing that fails (a
+    path this GPU or build cannot capture or compile) leaves every layer unfused: an
+    optimisation must not stop the model from serving."""
+    try:
+        _choose(layers, max_tokens)
+    except Exception:  # noqa: BLE001
+        logger.warning("MLP fusions: timing them failed; every layer stays unfused", exc_info=True)
+        for layer in layers:
+            layer.into_residual, layer.gate_up = False, None
+
+
+def _choose(layers: Sequence[FusableLayer], max_tokens: int) -> None:
     first = layers[0]
     residual = _residual_fusion(first, sorted({min(512, max_tokens), max_tokens}))
     for layer in layers[1:]:
