@@ -30,7 +30,7 @@ import re
 import statistics
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -38,11 +38,14 @@ from typing import Any
 from harness import (
     Level,
     Report,
+    Server,
     Target,
     Workload,
+    ab_servers,
     ab_table,
     channel_count,
     conditions,
+    drive,
     free_port,
     grpc_channels,
     grpc_serving,
@@ -70,8 +73,6 @@ WORDS = (
     "friendly rude clean noisy cheap expensive long short and but the a of for with at our"
 ).split()
 Pairs = list[tuple[str, str]]
-# Starts one of our servers and yields it ready, stopping it on the way out.
-Server = Callable[[], AbstractAsyncContextManager[Target]]
 # In the name of the systems that run float32 with TF32 matmuls (`float32_matmul_precision: high`).
 TF32 = "TF32 matmuls"
 
@@ -162,13 +163,6 @@ def load_plan(scenario: Scenario, requests: list[Pairs]) -> tuple[Workload, list
     n = scenario.pairs_per_request
     warm_up = Workload(requests, n, max(scenario.concurrency), min(5.0, scenario.seconds_per_level))
     return warm_up, [Workload(requests, n, c, scenario.seconds_per_level) for c in scenario.concurrency]
-
-
-async def drive(servers: Sequence[Server], scenario: Scenario, requests: list[Pairs], rounds: int = 1) -> list[Level]:
-    """The load plan on each server, all of them up at once (harness.interleaved)."""
-    async with AsyncExitStack() as stack:
-        targets = [await stack.enter_async_context(server()) for server in servers]
-        return await interleaved(targets, *load_plan(scenario, requests), rounds=rounds)
 
 
 @asynccontextmanager
@@ -361,13 +355,10 @@ async def main_async(args: argparse.Namespace) -> Report:
         servers["grpc-tf32"] = ours("grpc-tf32", f"grpc (ours, {TF32})", matmul_precision="high")
     systems = args.systems.split(",")
     if args.ab_rounds:
-        unknown = [name for name in systems if name not in servers]
-        if unknown or len(systems) != 2:
-            raise SystemExit(f"--ab-rounds: two of our servers, of {','.join(servers)}; got {args.systems}")
-        report.levels += await drive([servers[name] for name in systems], scenario, requests, args.ab_rounds)
+        report.levels += await drive(ab_servers(servers, systems), *load_plan(scenario, requests), args.ab_rounds)
         return report
     runs: dict[str, Callable[[], Awaitable[list[Level]]]] = {
-        name: lambda server=server: drive([server], scenario, requests) for name, server in servers.items()
+        name: lambda server=server: drive([server], *load_plan(scenario, requests)) for name, server in servers.items()
     }
     runs["plugin"] = stock("vllm serve /pooling + plugin", absa, ["--io-processor-plugin", "absa"], plugin_pooling)
     runs["classify"] = stock("vllm serve /classify (stock, sentiment only)", twin, [], stock_classify)

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,6 +106,26 @@ class Workload:
     items_per_request: int
     concurrency: int
     seconds: float
+
+
+# Starts one of our servers and yields it ready, stopping it on the way out.
+Server = Callable[[], AbstractAsyncContextManager[Target]]
+
+
+def ab_servers(servers: dict[str, Server], systems: Sequence[str]) -> list[Server]:
+    """The two servers an interleaved A/B (``--ab-rounds``) compares; anything else fails before
+    any starts."""
+    if len(systems) != 2 or any(name not in servers for name in systems):
+        raise SystemExit(f"--ab-rounds: two of our servers, of {','.join(servers)}; got {','.join(systems)}")
+    return [servers[name] for name in systems]
+
+
+async def drive(servers: Sequence[Server], warm_up: Workload, workloads: Sequence[Workload],
+                rounds: int = 1) -> list[Level]:
+    """The load on each server, all of them up at once (:func:`interleaved`)."""
+    async with AsyncExitStack() as stack:
+        targets = [await stack.enter_async_context(server()) for server in servers]
+        return await interleaved(targets, warm_up, workloads, rounds)
 
 
 async def interleaved(targets: Sequence[Target], warm_up: Workload, workloads: Sequence[Workload],

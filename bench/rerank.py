@@ -28,7 +28,7 @@ import random
 import statistics
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -36,11 +36,14 @@ from typing import Any, NamedTuple
 from harness import (
     Level,
     Report,
+    Server,
     Target,
     Workload,
+    ab_servers,
     ab_table,
     busy_cores,
     conditions,
+    drive,
     free_port,
     grpc_serving,
     int_list,
@@ -164,16 +167,6 @@ def load_plan(scenario: Scenario, requests, docs_sweep: list[int]) -> tuple[Work
     return warm_up, levels
 
 
-async def drive(servers: Sequence[Server], scenario: Scenario, requests, docs_sweep: list[int],  # type: ignore[no-untyped-def]
-                rounds: int = 1) -> list[Level]:
-    """The load plan on each server, all of them up at once (harness.interleaved)."""
-    async with AsyncExitStack() as stack:
-        targets = [await stack.enter_async_context(server()) for server in servers]
-        return await interleaved(targets, *load_plan(scenario, requests, docs_sweep), rounds=rounds)
-
-
-# Starts one of our servers and yields it ready, stopping it on the way out.
-Server = Callable[[], AbstractAsyncContextManager[Target]]
 
 
 class RunningServer(NamedTuple):
@@ -371,16 +364,14 @@ async def main_async(args: argparse.Namespace) -> Report:
         servers["grpc-piecewise"] = ours("grpc-piecewise", "grpc (ours, piecewise graphs only)", pack_full_graph_tokens=0)
     systems = args.systems.split(",")
     if args.ab_rounds:
-        unknown = [name for name in systems if name not in servers]
-        if unknown or len(systems) != 2:
-            raise SystemExit(f"--ab-rounds: two of our servers, of {','.join(servers)}; got {args.systems}")
+        pair = ab_servers(servers, systems)
         # Both up at once on one GPU: each takes its share of the scenario's memory.
         scenario.gpu_memory_utilization = min(scenario.gpu_memory_utilization, 0.45)
-        report.levels += await drive([servers[name] for name in systems], scenario, requests, docs_sweep,
-                                     args.ab_rounds)
+        report.levels += await drive(pair, *load_plan(scenario, requests, docs_sweep), args.ab_rounds)
         return report
     runs: dict[str, Callable[[], Awaitable[list[Level]]]] = {
-        name: lambda server=server: drive([server], scenario, requests, docs_sweep) for name, server in servers.items()
+        name: lambda server=server: drive([server], *load_plan(scenario, requests, docs_sweep))
+        for name, server in servers.items()
     }
     runs["vllm"] = lambda: bench_vllm_serve(model, scenario, requests, work, docs_sweep, plugin=False)
     runs["plugin"] = lambda: bench_vllm_serve(model, scenario, requests, work, docs_sweep, plugin=True)

@@ -173,7 +173,7 @@ class _UntimeableLayer:
     def gated_mlp(self) -> tuple[torch.nn.Module, torch.nn.Module]:
         raise AssertionError("not reached")
 
-    def residual_path(self, rows: int) -> None:
+    def residual_path(self) -> None:
         raise RuntimeError("operation not permitted when stream is capturing")
 
 

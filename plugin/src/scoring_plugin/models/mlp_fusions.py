@@ -34,9 +34,9 @@ logger = logging.getLogger(__name__)
 # Rows of a probe: enough for a tile of every candidate, small enough to cost nothing.
 PROBE_ROWS = 64
 
-# A layer's work around its residual adds as ``path(first, second, into_residual)``, and random
-# inputs for it of some number of tokens.
-ResidualPath = tuple[Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor], torch.Tensor, torch.Tensor]
+# A layer's work around its residual adds as ``path(attn, residual, into_residual)``, and the
+# projection whose input and output widths are those of ``attn`` and ``residual``.
+ResidualPath = tuple[Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor], nn.Module]
 
 
 class FusableLayer(Protocol):
@@ -49,8 +49,8 @@ class FusableLayer(Protocol):
         """The merged gate/up projection and vLLM's act-and-mul module after it."""
         ...
 
-    def residual_path(self, rows: int) -> ResidualPath | None:
-        """Inputs of ``rows`` tokens; None where the layer's projections are not plain GEMMs."""
+    def residual_path(self) -> ResidualPath | None:
+        """None where the layer's projections are not plain GEMMs."""
         ...
 
 
@@ -79,6 +79,12 @@ def activation_name(act_fn: nn.Module) -> str | None:
     return None
 
 
+def _random(rows: int, like: torch.Tensor, width: int, seed: int = 0) -> torch.Tensor:
+    """A fixed random [rows, width] input on ``like``'s device and dtype: the same probe every start."""
+    generator = torch.Generator(device=like.device).manual_seed(seed)
+    return torch.randn(rows, width, device=like.device, dtype=like.dtype, generator=generator)
+
+
 def time_and_probe(
     path: Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor], first: torch.Tensor, second: torch.Tensor,
 ) -> dict[str, float]:
@@ -97,12 +103,13 @@ def time_and_probe(
 def _residual_fusion(layer: FusableLayer, sizes: Sequence[int]) -> list[dict[str, float]] | None:
     """Turns ``layer``'s adds into the residual on where they reproduce the unfused path and
     are faster at every one of ``sizes`` tokens; the probes' reports, None where it does not apply."""
-    reports = []
-    for rows in sizes:
-        found = layer.residual_path(rows)
-        if found is None:
-            return None
-        reports.append({"rows": rows, **time_and_probe(*found)})
+    found = layer.residual_path()
+    if found is None:
+        return None
+    path, projection = found
+    width_in, width_out = projection.weight.shape[1], projection.weight.shape[0]
+    reports = [{"rows": rows, **time_and_probe(path, _random(rows, projection.weight, width_in),
+                                               _random(rows, projection.weight, width_out, seed=1))} for rows in sizes]
     layer.into_residual = all(
         r["relative_difference"] <= PROBE_TOLERANCE and r["fused_ms"] < r["unfused_ms"] for r in reports
     )
@@ -130,9 +137,7 @@ def _fused_gate_up(
     unfused activation on a probe; and the probe's worst relative difference."""
     from scoring_plugin.models.gate_up_activation import GateUpActivation, gate_up_activation
 
-    generator = torch.Generator(device=gate_up.weight.device).manual_seed(0)
-    probe = torch.randn(PROBE_ROWS, gate_up.weight.shape[1], device=gate_up.weight.device,
-                        dtype=gate_up.weight.dtype, generator=generator)
+    probe = _random(PROBE_ROWS, gate_up.weight, gate_up.weight.shape[1])
     expected = act_fn(gate_up(probe)[0])
     tiles = {tile for _, tile in plan if tile is not None}
     relative = max(relative_difference(gate_up_activation(probe, gate_up.weight, activation, tile), expected)

@@ -157,14 +157,10 @@ class PackedModernBertLayer(nn.Module):
     def gated_mlp(self) -> tuple[nn.Module, nn.Module]:
         return self.mlp.Wi, self.mlp.act
 
-    def residual_path(self, rows: int) -> ResidualPath | None:
+    def residual_path(self) -> ResidualPath | None:
         if not (plain_gemm(self.attn.Wo) and plain_gemm(self.mlp.Wo)):
             return None
-        weight = self.attn.Wo.weight
-        generator = torch.Generator(device=weight.device).manual_seed(0)
-        attn = torch.randn(rows, weight.shape[1], device=weight.device, dtype=weight.dtype, generator=generator)
-        residual = torch.randn(rows, weight.shape[0], device=weight.device, dtype=weight.dtype, generator=generator)
-        return self._post_attention, attn, residual
+        return self._post_attention, self.attn.Wo
 
 
 class PackedAbsaPooler(Pooler):

@@ -228,15 +228,11 @@ class PackedQwen3Layer(nn.Module):
     def gated_mlp(self) -> tuple[nn.Module, nn.Module]:
         return self.mlp.gate_up_proj, self.mlp.act_fn
 
-    def residual_path(self, rows: int) -> ResidualPath | None:
+    def residual_path(self) -> ResidualPath | None:
         o_proj = self.self_attn.o_proj
         if not plain_gemm(o_proj):
             return None
-        generator = torch.Generator(device=o_proj.weight.device).manual_seed(0)
-        attn = torch.randn(rows, o_proj.input_size, device=o_proj.weight.device, dtype=o_proj.weight.dtype,
-                           generator=generator)
-        residual = torch.randn(rows, o_proj.output_size, device=attn.device, dtype=attn.dtype, generator=generator)
-        return (lambda a, r, fused: self._post_attention(a, r, fused)[0]), attn, residual
+        return (lambda attn, residual, fused: self._post_attention(attn, residual, fused)[0]), o_proj
 
 
 class PackedPairScorer(Pooler):
