@@ -95,15 +95,6 @@ def test_a_tile_must_divide_the_weight() -> None:
         gate_up_activation(torch.zeros(4, 64), torch.zeros(2 * 96, 64), "relu", Tile(32, 32, 32, 4, 1))
 
 
-def test_probe_sizes_cover_small_calls_up_to_the_step_limit() -> None:
-    pytest.importorskip("triton")
-    from scoring_plugin.models.gate_up_activation import probe_sizes
-
-    assert probe_sizes(16384) == [256, 1024, 4096, 16384]
-    assert probe_sizes(8192) == [256, 1024, 4096, 8192]
-    assert probe_sizes(200) == [200]
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the H200 staging)")
 @pytest.mark.parametrize(("activation", "hidden", "intermediate"), [("silu", 1024, 3072), ("gelu", 1024, 2624)])
 def test_bf16_on_the_gpu_matches_cublas_and_vllms_activation(activation: str, hidden: int, intermediate: int) -> None:

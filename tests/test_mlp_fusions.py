@@ -78,7 +78,7 @@ def _check() -> dict[str, object]:
     from vllm.config import VllmConfig, set_current_vllm_config
 
     from scoring_plugin.models.gate_up_activation import GateUpActivation, Tile
-    from scoring_plugin.models.mlp_fusions import activation_name, choose_mlp_fusions
+    from scoring_plugin.models.mlp_fusions import RESIDUAL_UNFUSED, activation_name, choose_mlp_fusions
 
     result: dict[str, object] = {}
     with set_current_vllm_config(VllmConfig()):
@@ -89,11 +89,12 @@ def _check() -> dict[str, object]:
             attn = torch.randn(ROWS, HIDDEN, generator=generator)  # both attentions are HIDDEN wide
             residual = torch.randn(ROWS, HIDDEN, generator=generator)
             choose_mlp_fusions([layer], max_tokens=ROWS)
-            result[f"{model}: unfused on the CPU"] = not layer.into_residual and layer.gate_up is None
+            result[f"{model}: unfused on the CPU"] = layer.into_residual == RESIDUAL_UNFUSED and layer.gate_up is None
             expected, result[f"{model}: unfused GEMMs"] = _output(layer, attn, residual)
-            layer.into_residual = True
+            layer.into_residual = ((16, False), (ROWS, True))  # a plan: fused above 16 rows only
             got, result[f"{model}: GEMMs into the residual"] = _output(layer, attn, residual)
             result[f"{model}: into the residual"] = _relative(got, expected)
+            _, result[f"{model}: GEMMs at 16 rows"] = _output(layer, attn[:16], residual[:16])
             gate_up, act_fn = layer.gated_mlp()
             layer.gate_up = GateUpActivation(gate_up.weight, activation_name(act_fn),
                                              [(16, None), (ROWS, Tile(16, 32, 32, 4, 1, group_m=1))])
@@ -137,6 +138,11 @@ def test_fused_paths_give_the_unfused_output(checks: dict, model: str) -> None:
     assert checks[f"{model}: GEMMs both fused"] == both
 
 
+@pytest.mark.parametrize("model", ["qwen3", "modernbert"])
+def test_a_step_below_the_residual_plans_fused_size_runs_unfused(checks: dict, model: str) -> None:
+    assert checks[f"{model}: GEMMs at 16 rows"] == GEMMS[model][0]
+
+
 def _check_gpu() -> dict[str, object]:
     """At Qwen3-0.6B's and ModernBERT-large's widths in bf16 on the GPU: what the start-up choice
     took for two layers of each model, and their output against both fusions turned off."""
@@ -158,7 +164,7 @@ def _check_gpu() -> dict[str, object]:
             residual = torch.randn(2710, 1024, device="cuda", dtype=torch.bfloat16)
             chosen = [_output(layer, attn, residual)[0] for layer in layers]
             for layer in layers:
-                layer.into_residual, layer.gate_up = False, None
+                layer.into_residual, layer.gate_up = RESIDUAL_UNFUSED, None
             result[f"{model}: chosen vs unfused"] = max(
                 _relative(got.float(), _output(layer, attn, residual)[0].float()) for got, layer in zip(chosen, layers))
     return result
@@ -167,7 +173,7 @@ def _check_gpu() -> dict[str, object]:
 class _UntimeableLayer:
     """A layer whose path cannot be timed (as a capture or a compile failing on some GPU)."""
 
-    into_residual = True
+    into_residual = ((1, True),)
     gate_up = object()
 
     def gated_mlp(self) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -178,12 +184,58 @@ class _UntimeableLayer:
 
 
 def test_timing_that_fails_leaves_every_layer_unfused(caplog: pytest.LogCaptureFixture) -> None:
-    from scoring_plugin.models.mlp_fusions import choose_mlp_fusions
+    from scoring_plugin.models.mlp_fusions import RESIDUAL_UNFUSED, choose_mlp_fusions
 
     layers = [_UntimeableLayer(), _UntimeableLayer()]
     choose_mlp_fusions(layers, max_tokens=1024)
-    assert all(layer.into_residual is False and layer.gate_up is None for layer in layers)
+    assert all(layer.into_residual == RESIDUAL_UNFUSED and layer.gate_up is None for layer in layers)
     assert "every layer stays unfused" in caplog.text and "stream is capturing" in caplog.text
+
+
+class _TimedLayer:
+    """A layer whose residual path the test times by script (``_scripted``): no GPU needed."""
+
+    def __init__(self) -> None:
+        self.into_residual = ((1, False),)
+        self.gate_up = None
+        self.projection = torch.nn.Linear(8, 8, bias=False)
+
+    def gated_mlp(self) -> tuple[torch.nn.Module, torch.nn.Module]:
+        return self.projection, torch.nn.Identity()  # no fused kernel for this activation
+
+    def residual_path(self) -> tuple[object, torch.nn.Module]:
+        return (lambda attn, residual, fused: residual), self.projection
+
+
+def _scripted(faster_at: set[int], difference: float = 0.0):
+    """time_and_probe's stand-in: the fused path faster at ``faster_at`` rows, slower elsewhere."""
+
+    def time_and_probe(path, first: torch.Tensor, second: torch.Tensor) -> dict[str, float]:
+        rows = first.shape[0]
+        return {"relative_difference": difference, "unfused_ms": 1.0, "fused_ms": 0.9 if rows in faster_at else 1.1}
+
+    return time_and_probe
+
+
+def test_the_residual_fusion_is_chosen_per_step_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each timed size keeps its own winner (H200, Qwen3-0.6B: lost at 512 tokens, won 11% at
+    16,384); every layer takes the first one's plan."""
+    from scoring_plugin.models import mlp_fusions
+
+    monkeypatch.setattr(mlp_fusions, "time_and_probe", _scripted({4096, 16384}))
+    layers = [_TimedLayer(), _TimedLayer()]
+    mlp_fusions.choose_mlp_fusions(layers, max_tokens=16384)
+    plan = ((256, False), (1024, False), (4096, True), (16384, True))
+    assert [layer.into_residual for layer in layers] == [plan, plan]
+
+
+def test_a_probe_that_differs_keeps_the_residual_unfused_at_every_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    from scoring_plugin.models import mlp_fusions
+
+    monkeypatch.setattr(mlp_fusions, "time_and_probe", _scripted({256, 1024, 2048}, difference=0.5))
+    layer = _TimedLayer()
+    mlp_fusions.choose_mlp_fusions([layer], max_tokens=2048)
+    assert layer.into_residual == ((256, False), (1024, False), (2048, False))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the H200 staging)")
@@ -198,7 +250,8 @@ def test_the_gpu_choice_keeps_the_layers_output() -> None:
     print(result)
     for model in ("qwen3", "modernbert"):
         assert result[f"{model}: chosen vs unfused"] <= 0.02, result
-        assert len(set(result[f"{model}: into the residual"])) == 1, result  # the first layer decides for all
+        first, second = result[f"{model}: into the residual"]
+        assert first == second, result  # the first layer decides for all
 
 
 if __name__ == "__main__":

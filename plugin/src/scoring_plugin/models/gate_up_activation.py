@@ -21,7 +21,6 @@ Triton's interpreter.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from scoring_plugin.models.kernel_choice import graph_ms
+from scoring_plugin.models.kernel_choice import graph_ms, planned, probe_sizes
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,27 +158,17 @@ class GateUpActivation:
         self.weight = weight
         self.activation = activation
         self.plan = list(plan)
-        self._bounds = [rows for rows, _ in self.plan]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
         """The activation of ``x``'s rows; None where the unfused pair serves this many rows."""
-        index = min(bisect.bisect_left(self._bounds, x.shape[0]), len(self.plan) - 1)
-        tile = self.plan[index][1]
+        tile = planned(self.plan, x.shape[0])
         return None if tile is None else gate_up_activation(x, self.weight, self.activation, tile)
-
-
-def probe_sizes(max_rows: int) -> list[int]:
-    """Token counts timed: 256 then x4 up to and including ``max_rows``."""
-    sizes = [256]
-    while sizes[-1] * 4 < max_rows:
-        sizes.append(sizes[-1] * 4)
-    return sorted({min(size, max_rows) for size in sizes} | {max_rows})
 
 
 def choose_tiles(
     weight: torch.Tensor, activation: str, unfused: Callable[[torch.Tensor], torch.Tensor], max_rows: int,
 ) -> tuple[TilePlan, list[dict[str, Any]]]:
-    """The plan for ``weight``'s shape on this GPU: at each of :func:`probe_sizes`, the fastest
+    """The plan for ``weight``'s shape on this GPU: at each of :func:`~.kernel_choice.probe_sizes`, the fastest
     candidate tile, or None where it was not :data:`MARGIN` faster than ``unfused`` (cuBLAS +
     the activation kernel). Also the timings, for the log and the bench."""
     intermediate, hidden = weight.shape[0] // 2, weight.shape[1]

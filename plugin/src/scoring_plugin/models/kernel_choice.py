@@ -5,10 +5,15 @@ wrong."""
 
 from __future__ import annotations
 
+import bisect
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from operator import itemgetter
+from typing import TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 
 def graph_ms(run: Callable[[], object], calls: int = 10, replays: int = 5) -> float:
@@ -50,3 +55,19 @@ def relative_difference(got: torch.Tensor, expected: torch.Tensor) -> float:
     """max |got - expected| over max |expected|, in fp32."""
     expected = expected.float()
     return float((got.float() - expected).abs().max()) / max(float(expected.abs().max()), 1e-6)
+
+
+def probe_sizes(max_rows: int) -> list[int]:
+    """Step sizes timed, in tokens: 256 then x4 up to and including ``max_rows``."""
+    sizes = [256]
+    while sizes[-1] * 4 < max_rows:
+        sizes.append(sizes[-1] * 4)
+    return sorted({min(size, max_rows) for size in sizes} | {max_rows})
+
+
+def planned(plan: Sequence[tuple[int, T]], rows: int) -> T:
+    """The choice of ``plan`` (ascending timed sizes, each with what won there) for a step of
+    ``rows`` tokens: that of the smallest timed size at or above ``rows``, the largest's beyond.
+    Served steps are padded up to a captured size, so the size above is the one they run at."""
+    index = min(bisect.bisect_left(plan, rows, key=itemgetter(0)), len(plan) - 1)
+    return plan[index][1]

@@ -2,7 +2,8 @@
 found them faster (the packed Qwen3 and ModernBERT encoders share them):
 
 - the projections into the residual stream add inside cuBLAS's GEMM (beta = 1) instead of in a
-  separate pass over the stream (how a layer does it is its own: :class:`FusableLayer`);
+  separate pass over the stream (how a layer does it is its own: :class:`FusableLayer`), per
+  step size where that was faster;
 - the gate/up projection applies its activation in a Triton GEMM's epilogue
   (:mod:`.gate_up_activation`), per step size where a tile won.
 
@@ -24,7 +25,7 @@ from vllm.model_executor.layers.activation import GeluAndMul, SiluAndMul
 from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 from vllm.model_executor.layers.utils import default_unquantized_gemm
 
-from scoring_plugin.models.kernel_choice import PROBE_TOLERANCE, graph_ms, relative_difference
+from scoring_plugin.models.kernel_choice import PROBE_TOLERANCE, graph_ms, probe_sizes, relative_difference
 
 if TYPE_CHECKING:  # imports Triton, which only the CUDA paths need
     from scoring_plugin.models.gate_up_activation import GateUpActivation, TilePlan
@@ -38,11 +39,18 @@ PROBE_ROWS = 64
 # projection whose input and output widths are those of ``attn`` and ``residual``.
 ResidualPath = tuple[Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor], nn.Module]
 
+# Per step size timed, whether the projections add into the residual inside their GEMMs
+# (read with :func:`~.kernel_choice.planned`). One GEMM's epilogue against a separate pass over
+# the stream trades differently with the step's size: on the H200, Qwen3-0.6B's output
+# projection lost at 512 tokens and won by 11% at 16,384.
+ResidualPlan = tuple[tuple[int, bool], ...]
+RESIDUAL_UNFUSED: ResidualPlan = ((1, False),)
+
 
 class FusableLayer(Protocol):
     """What :func:`choose_mlp_fusions` needs of a layer."""
 
-    into_residual: bool
+    into_residual: ResidualPlan
     gate_up: GateUpActivation | None
 
     def gated_mlp(self) -> tuple[nn.Module, nn.Module]:
@@ -101,8 +109,9 @@ def time_and_probe(
 
 
 def _residual_fusion(layer: FusableLayer, sizes: Sequence[int]) -> list[dict[str, float]] | None:
-    """Turns ``layer``'s adds into the residual on where they reproduce the unfused path and
-    are faster at every one of ``sizes`` tokens; the probes' reports, None where it does not apply."""
+    """Sets ``layer``'s adds into the residual per step size: on at each of ``sizes`` tokens
+    where the fused path was faster, provided every probe reproduced the unfused path. The
+    probes' reports; None where it does not apply."""
     found = layer.residual_path()
     if found is None:
         return None
@@ -110,9 +119,8 @@ def _residual_fusion(layer: FusableLayer, sizes: Sequence[int]) -> list[dict[str
     width_in, width_out = projection.weight.shape[1], projection.weight.shape[0]
     reports = [{"rows": rows, **time_and_probe(path, _random(rows, projection.weight, width_in),
                                                _random(rows, projection.weight, width_out, seed=1))} for rows in sizes]
-    layer.into_residual = all(
-        r["relative_difference"] <= PROBE_TOLERANCE and r["fused_ms"] < r["unfused_ms"] for r in reports
-    )
+    faithful = all(r["relative_difference"] <= PROBE_TOLERANCE for r in reports)
+    layer.into_residual = tuple((r["rows"], faithful and r["fused_ms"] < r["unfused_ms"]) for r in reports)
     return reports
 
 
@@ -155,12 +163,12 @@ def choose_mlp_fusions(layers: Sequence[FusableLayer], max_tokens: int) -> None:
     except Exception:  # noqa: BLE001
         logger.warning("MLP fusions: timing them failed; every layer stays unfused", exc_info=True)
         for layer in layers:
-            layer.into_residual, layer.gate_up = False, None
+            layer.into_residual, layer.gate_up = RESIDUAL_UNFUSED, None
 
 
 def _choose(layers: Sequence[FusableLayer], max_tokens: int) -> None:
     first = layers[0]
-    residual = _residual_fusion(first, sorted({min(512, max_tokens), max_tokens}))
+    residual = _residual_fusion(first, probe_sizes(max_tokens))
     for layer in layers[1:]:
         layer.into_residual = first.into_residual
     chosen = _gate_up_plan(*first.gated_mlp(), max_tokens)
@@ -172,8 +180,8 @@ def _choose(layers: Sequence[FusableLayer], max_tokens: int) -> None:
     if residual is None and chosen is None:
         return  # neither applies (the CPU backend, quantised or sharded weights)
     logger.info(
-        "MLP fusions: projections into the residual %s (%s); gate/up + %s in %d of %d layers "
-        "(probe difference <= %.2g; plan %s)", "on" if first.into_residual else "off", residual,
+        "MLP fusions: projections into the residual at %s (%s); gate/up + %s in %d of %d layers "
+        "(probe difference <= %.2g; plan %s)", first.into_residual, residual,
         chosen[0] if chosen else "activation", sum(layer.gate_up is not None for layer in layers), len(layers),
         max(differences, default=0.0), [(rows, tile.name if tile else "unfused") for rows, tile in chosen[1]]
         if chosen else None,

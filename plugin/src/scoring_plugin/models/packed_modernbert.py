@@ -37,9 +37,16 @@ from vllm.v1.pool.metadata import PoolingMetadata
 from scoring_plugin.absa.heads import AbsaHeads, pack_outputs
 from scoring_plugin.absa.settings import AbsaSettings
 from scoring_plugin.models.full_graphs import pooler_graphs
+from scoring_plugin.models.kernel_choice import planned
 from scoring_plugin.models.layer_graphs import run_layers
 from scoring_plugin.models.loading import load_all_weights
-from scoring_plugin.models.mlp_fusions import ResidualPath, choose_mlp_fusions, plain_gemm
+from scoring_plugin.models.mlp_fusions import (
+    RESIDUAL_UNFUSED,
+    ResidualPath,
+    ResidualPlan,
+    choose_mlp_fusions,
+    plain_gemm,
+)
 from scoring_plugin.models.packed_attention import DevicePlan, PairAttention, step_plan
 from scoring_plugin.packing import PACKED_TASK
 
@@ -130,7 +137,7 @@ class PackedModernBertLayer(nn.Module):
         self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
         self.mlp = PackedModernBertMLP(config, f"{prefix}.mlp")
         self.gate_up: GateUpActivation | None = None
-        self.into_residual = False
+        self.into_residual: ResidualPlan = RESIDUAL_UNFUSED
 
     def attention_inputs(
         self, hidden: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor
@@ -142,7 +149,7 @@ class PackedModernBertLayer(nn.Module):
         self.attn.attn(q, k, v, plan, out)
 
     def finish(self, attn: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = self._post_attention(attn, residual, self.into_residual)
+        hidden = self._post_attention(attn, residual, planned(self.into_residual, attn.shape[0]))
         return hidden, hidden
 
     def _post_attention(self, attn: torch.Tensor, residual: torch.Tensor, into_residual: bool) -> torch.Tensor:

@@ -51,10 +51,16 @@ from vllm.v1.outputs import PoolerOutput
 from vllm.v1.pool.metadata import PoolingMetadata
 
 from scoring_plugin.models.full_graphs import pooler_graphs
-from scoring_plugin.models.kernel_choice import PROBE_TOLERANCE, relative_difference
+from scoring_plugin.models.kernel_choice import PROBE_TOLERANCE, planned, relative_difference
 from scoring_plugin.models.layer_graphs import run_layers
 from scoring_plugin.models.loading import load_all_weights
-from scoring_plugin.models.mlp_fusions import ResidualPath, choose_mlp_fusions, plain_gemm
+from scoring_plugin.models.mlp_fusions import (
+    RESIDUAL_UNFUSED,
+    ResidualPath,
+    ResidualPlan,
+    choose_mlp_fusions,
+    plain_gemm,
+)
 from scoring_plugin.models.packed_attention import DevicePlan, PairAttention, step_plan
 from scoring_plugin.packing import PACKED_TASK
 from scoring_plugin.rerank.settings import RerankSettings
@@ -188,7 +194,7 @@ class PackedQwen3Layer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.gate_up: GateUpActivation | None = None
-        self.into_residual = False
+        self.into_residual: ResidualPlan = RESIDUAL_UNFUSED
 
     def attention_inputs(
         self, hidden: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor
@@ -204,7 +210,7 @@ class PackedQwen3Layer(nn.Module):
         self.self_attn.attend(q, k, v, plan, out)
 
     def finish(self, attn: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden, residual = self._post_attention(attn, residual, self.into_residual)
+        hidden, residual = self._post_attention(attn, residual, planned(self.into_residual, attn.shape[0]))
         return self._mlp(hidden), residual
 
     def _post_attention(
