@@ -148,7 +148,7 @@ def _check_gpu() -> dict[str, object]:
     took for two layers of each model, and their output against both fusions turned off."""
     from vllm.config import VllmConfig, set_current_vllm_config
 
-    from scoring_plugin.models.mlp_fusions import choose_mlp_fusions
+    from scoring_plugin.models.mlp_fusions import RESIDUAL_UNFUSED, choose_mlp_fusions
 
     result: dict[str, object] = {}
     with set_current_vllm_config(VllmConfig()):
