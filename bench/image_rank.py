@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from harness import (
-    Level, Report, channel_count, closed_loop, conditions, free_port, grpc_channels, grpc_serving, int_list, log, mib, offline_rate,
-    ratio, start, stop, wait_ready, write_results,
+    Level, Report, Target, Workload, channel_count, conditions, free_port, grpc_channels, grpc_serving, int_list, interleaved, log,
+    mib, offline_rate, ratio, start, stop, wait_ready, write_results,
 )
 
 
@@ -118,13 +118,11 @@ async def bench_grpc(model: Path, scenario: Scenario, images: list[bytes], reque
 
                 return send
 
+            n = scenario.images_per_request
+            warm_up = Workload(requests, n, max(scenario.concurrency), min(5.0, scenario.seconds_per_level))
+            workloads = [Workload(requests, n, c, scenario.seconds_per_level) for c in scenario.concurrency]
             for system, by_url in ((f"grpc (ours{suffix}), inline JPEG", False), (f"grpc (ours{suffix}), URLs", True)):
-                send = sender(by_url)
-                n = scenario.images_per_request
-                await closed_loop(send, requests, n, max(scenario.concurrency), min(5.0, scenario.seconds_per_level),
-                                  system + "-warmup")
-                levels += [await closed_loop(send, requests, n, c, scenario.seconds_per_level, system, server.pid)
-                           for c in scenario.concurrency]
+                levels += await interleaved([Target(system, sender(by_url), server.pid)], warm_up, workloads)
     finally:
         stop(server)
         stop(files)
