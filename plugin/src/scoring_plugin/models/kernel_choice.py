@@ -12,6 +12,10 @@ from operator import itemgetter
 from typing import TypeVar
 
 import torch
+from torch import nn
+from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+from vllm.model_executor.layers.utils import default_unquantized_gemm
 
 T = TypeVar("T")
 
@@ -44,6 +48,22 @@ def graph_ms(run: Callable[[], object], calls: int = 10, replays: int = 5) -> fl
         times.append(start.elapsed_time(end) / calls)
     del graph  # its memory pool goes back before the engine measures what the model uses
     return statistics.median(times)
+
+
+def plain_gemm(linear: nn.Module) -> bool:
+    """Whether ``linear`` is ``x @ weight.T`` on CUDA with nothing else in between (one GPU, no
+    quantisation, no bias, vLLM's default GEMM), so a fused path may read its weight."""
+    method = getattr(linear, "quant_method", None)
+    weight = getattr(linear, "weight", None)  # vLLM's CPU path repacks it away
+    return (
+        isinstance(method, UnquantizedLinearMethod)
+        and method._gemm_impl is default_unquantized_gemm
+        and isinstance(weight, torch.Tensor)
+        and weight.is_cuda
+        and weight.is_contiguous()
+        and getattr(linear, "bias", None) is None
+        and get_tensor_model_parallel_world_size() == 1
+    )
 
 
 # A probe's worst difference relative to its largest value: a few bf16 roundings pass, a wrong

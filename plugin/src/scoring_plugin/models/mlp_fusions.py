@@ -20,12 +20,9 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
-from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.model_executor.layers.activation import GeluAndMul, SiluAndMul
-from vllm.model_executor.layers.linear import UnquantizedLinearMethod
-from vllm.model_executor.layers.utils import default_unquantized_gemm
 
-from scoring_plugin.models.kernel_choice import PROBE_TOLERANCE, graph_ms, probe_sizes, relative_difference
+from scoring_plugin.models.kernel_choice import PROBE_TOLERANCE, graph_ms, plain_gemm, probe_sizes, relative_difference
 
 if TYPE_CHECKING:  # imports Triton, which only the CUDA paths need
     from scoring_plugin.models.gate_up_activation import GateUpActivation, TilePlan
@@ -60,22 +57,6 @@ class FusableLayer(Protocol):
     def residual_path(self) -> ResidualPath | None:
         """None where the layer's projections are not plain GEMMs."""
         ...
-
-
-def plain_gemm(linear: nn.Module) -> bool:
-    """Whether ``linear`` is ``x @ weight.T`` on CUDA with nothing else in between (one GPU, no
-    quantisation, no bias, vLLM's default GEMM), so a fused path may read its weight."""
-    method = getattr(linear, "quant_method", None)
-    weight = getattr(linear, "weight", None)  # vLLM's CPU path repacks it away
-    return (
-        isinstance(method, UnquantizedLinearMethod)
-        and method._gemm_impl is default_unquantized_gemm
-        and isinstance(weight, torch.Tensor)
-        and weight.is_cuda
-        and weight.is_contiguous()
-        and getattr(linear, "bias", None) is None
-        and get_tensor_model_parallel_world_size() == 1
-    )
 
 
 def activation_name(act_fn: nn.Module) -> str | None:

@@ -37,7 +37,7 @@ from vllm.v1.pool.metadata import PoolingMetadata
 from scoring_plugin.absa.heads import AbsaHeads, pack_outputs
 from scoring_plugin.absa.settings import AbsaSettings
 from scoring_plugin.models.full_graphs import pooler_graphs
-from scoring_plugin.models.kernel_choice import planned
+from scoring_plugin.models.kernel_choice import plain_gemm, planned
 from scoring_plugin.models.layer_graphs import run_layers
 from scoring_plugin.models.loading import load_all_weights
 from scoring_plugin.models.mlp_fusions import (
@@ -45,9 +45,9 @@ from scoring_plugin.models.mlp_fusions import (
     ResidualPath,
     ResidualPlan,
     choose_mlp_fusions,
-    plain_gemm,
 )
 from scoring_plugin.models.packed_attention import DevicePlan, PairAttention, step_plan
+from scoring_plugin.models.split_k import choose_split_k
 from scoring_plugin.packing import PACKED_TASK
 
 if TYPE_CHECKING:  # imports Triton, which only the CUDA paths need
@@ -204,6 +204,7 @@ class PackedAbsaPooler(Pooler):
             raise ValueError("packed ABSA requests have no shared head: every segment is a whole pair")
         if not self._fusions_chosen:  # the first step: vLLM's profiling run, before any capture
             choose_mlp_fusions(list(self.layers), self.max_tokens)
+            choose_split_k(self.layers, self.max_tokens)  # after: a split projection is no plain GEMM
             self._fusions_chosen = True
         # Anything past the scheduled tokens is padding: never part of a result.
         hidden_states = hidden_states[: sum(counts)]
