@@ -1,7 +1,8 @@
 """Start-up choices between kernel paths, made on the GPU a model runs on (cuBLAS's choices and
 Triton's compiled code differ between GPUs and versions): timing, and a probe's comparison of a
 fused path with the unfused one, so a kernel or wiring mismatch falls back instead of scoring
-wrong."""
+wrong; which projections a path may replace; and the plans that keep one choice per step size
+(:mod:`.mlp_fusions`, :mod:`.split_k` and :mod:`.gate_up_activation` share them)."""
 
 from __future__ import annotations
 
@@ -66,6 +67,9 @@ def plain_gemm(linear: nn.Module) -> bool:
     )
 
 
+# Rows of a probe: enough for a tile of every candidate, small enough to cost nothing.
+PROBE_ROWS = 64
+
 # A probe's worst difference relative to its largest value: a few bf16 roundings pass, a wrong
 # wiring is off by the values' size.
 PROBE_TOLERANCE = 0.02
@@ -75,6 +79,12 @@ def relative_difference(got: torch.Tensor, expected: torch.Tensor) -> float:
     """max |got - expected| over max |expected|, in fp32."""
     expected = expected.float()
     return float((got.float() - expected).abs().max()) / max(float(expected.abs().max()), 1e-6)
+
+
+def fixed_random(rows: int, like: torch.Tensor, width: int, seed: int = 0) -> torch.Tensor:
+    """A fixed random [rows, width] input on ``like``'s device and dtype: the same probe every start."""
+    generator = torch.Generator(device=like.device).manual_seed(seed)
+    return torch.randn(rows, width, device=like.device, dtype=like.dtype, generator=generator)
 
 
 def probe_sizes(max_rows: int) -> list[int]:

@@ -22,15 +22,20 @@ import torch
 from torch import nn
 from vllm.model_executor.layers.activation import GeluAndMul, SiluAndMul
 
-from scoring_plugin.models.kernel_choice import PROBE_TOLERANCE, graph_ms, plain_gemm, probe_sizes, relative_difference
+from scoring_plugin.models.kernel_choice import (
+    PROBE_ROWS,
+    PROBE_TOLERANCE,
+    fixed_random,
+    graph_ms,
+    plain_gemm,
+    probe_sizes,
+    relative_difference,
+)
 
 if TYPE_CHECKING:  # imports Triton, which only the CUDA paths need
     from scoring_plugin.models.gate_up_activation import GateUpActivation, TilePlan
 
 logger = logging.getLogger(__name__)
-
-# Rows of a probe: enough for a tile of every candidate, small enough to cost nothing.
-PROBE_ROWS = 64
 
 # A layer's work around its residual adds as ``path(attn, residual, into_residual)``, and the
 # projection whose input and output widths are those of ``attn`` and ``residual``.
@@ -68,12 +73,6 @@ def activation_name(act_fn: nn.Module) -> str | None:
     return None
 
 
-def _random(rows: int, like: torch.Tensor, width: int, seed: int = 0) -> torch.Tensor:
-    """A fixed random [rows, width] input on ``like``'s device and dtype: the same probe every start."""
-    generator = torch.Generator(device=like.device).manual_seed(seed)
-    return torch.randn(rows, width, device=like.device, dtype=like.dtype, generator=generator)
-
-
 def time_and_probe(
     path: Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor], first: torch.Tensor, second: torch.Tensor,
 ) -> dict[str, float]:
@@ -98,8 +97,8 @@ def _residual_fusion(layer: FusableLayer, sizes: Sequence[int]) -> list[dict[str
         return None
     path, projection = found
     width_in, width_out = projection.weight.shape[1], projection.weight.shape[0]
-    reports = [{"rows": rows, **time_and_probe(path, _random(rows, projection.weight, width_in),
-                                               _random(rows, projection.weight, width_out, seed=1))} for rows in sizes]
+    reports = [{"rows": rows, **time_and_probe(path, fixed_random(rows, projection.weight, width_in),
+                                               fixed_random(rows, projection.weight, width_out, seed=1))} for rows in sizes]
     faithful = all(r["relative_difference"] <= PROBE_TOLERANCE for r in reports)
     layer.into_residual = tuple((r["rows"], faithful and r["fused_ms"] < r["unfused_ms"]) for r in reports)
     return reports
@@ -126,7 +125,7 @@ def _fused_gate_up(
     unfused activation on a probe; and the probe's worst relative difference."""
     from scoring_plugin.models.gate_up_activation import GateUpActivation, gate_up_activation
 
-    probe = _random(PROBE_ROWS, gate_up.weight, gate_up.weight.shape[1])
+    probe = fixed_random(PROBE_ROWS, gate_up.weight, gate_up.weight.shape[1])
     expected = act_fn(gate_up(probe)[0])
     tiles = {tile for _, tile in plan if tile is not None}
     relative = max(relative_difference(gate_up_activation(probe, gate_up.weight, activation, tile), expected)

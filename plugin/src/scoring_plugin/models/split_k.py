@@ -26,7 +26,9 @@ from torch import nn
 from vllm.model_executor.layers.utils import default_unquantized_gemm
 
 from scoring_plugin.models.kernel_choice import (
+    PROBE_ROWS,
     PROBE_TOLERANCE,
+    fixed_random,
     graph_ms,
     plain_gemm,
     planned,
@@ -44,7 +46,6 @@ MIN_SLICE = 128
 MAX_SPLIT_ROWS = 4096
 # A split must be this much faster than the plain GEMM (timing's spread on the H200: ~1-2%).
 MARGIN = 0.97
-PROBE_ROWS = 64
 
 # Per step size timed, the number of slices (1: the plain GEMM); read with ``planned``.
 SplitPlan = tuple[tuple[int, int], ...]
@@ -86,14 +87,9 @@ class SplitKGemm:
         return out if bias is None else out + bias
 
 
-def _random(rows: int, weight: torch.Tensor) -> torch.Tensor:
-    generator = torch.Generator(device=weight.device).manual_seed(0)
-    return torch.randn(rows, weight.shape[1], device=weight.device, dtype=weight.dtype, generator=generator)
-
-
 def time_splits(weight: torch.Tensor, rows: int) -> dict[int, float]:
     """GPU ms of the plain GEMM (1) and of each candidate split, at ``rows`` rows."""
-    x = _random(rows, weight)
+    x = fixed_random(rows, weight, weight.shape[1])
     timings = {1: graph_ms(lambda: torch.nn.functional.linear(x, weight))}
     for splits in candidate_splits(weight.shape[1]):
         timings[splits] = graph_ms(lambda splits=splits: split_k_linear(x, weight, splits))
@@ -120,7 +116,7 @@ def split_plan(
 
 def _faithful(weight: torch.Tensor, plan: SplitPlan) -> float:
     """The worst relative difference of the plan's splits from the plain GEMM on a probe."""
-    probe = _random(PROBE_ROWS, weight)
+    probe = fixed_random(PROBE_ROWS, weight, weight.shape[1])
     expected = torch.nn.functional.linear(probe, weight)
     return max((relative_difference(split_k_linear(probe, weight, splits), expected)
                 for splits in {s for _, s in plan if s != 1}), default=0.0)
