@@ -55,6 +55,15 @@ def test_candidate_splits_keep_slices_deep_enough() -> None:
     assert candidate_splits(200) == []
 
 
+def test_timed_splits_keep_their_partial_products_small() -> None:
+    """ModernBERT-large's MLP input projection (5,248 wide, fp32): every split at a c=1 call's
+    544 rows; at 4,096 rows only the split of 2 fits 256 MiB of partial products."""
+    weight = torch.empty(5248, 1024)
+    assert split_k.affordable_splits(weight, 544) == [2, 4, 8]
+    assert split_k.affordable_splits(weight, 4096) == [2]
+    assert split_k.affordable_splits(torch.empty(1024, 2624), 4096) == [2, 4, 8]
+
+
 def _scripted(best: dict[int, tuple[int, float]]):
     """A timer: the plain GEMM 1.0 ms; at each size in ``best`` one split (where the depth allows
     it) at the given time, the others 1.5 ms."""
@@ -176,7 +185,7 @@ def test_fp32_on_the_gpu_matches_cublas_and_times_every_candidate() -> None:
             assert _relative(split_k_linear(x, weight, splits), expected) <= 1e-5, (width, depth, splits)
         timings = split_k.time_splits(weight, 544)
         print(width, depth, timings)
-        assert set(timings) == {1, *candidate_splits(depth)} and all(ms > 0 for ms in timings.values())
+        assert set(timings) == {1, *split_k.affordable_splits(weight, 544)} and all(ms > 0 for ms in timings.values())
 
 
 if __name__ == "__main__":

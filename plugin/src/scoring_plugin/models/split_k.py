@@ -46,6 +46,9 @@ MIN_SLICE = 128
 MAX_SPLIT_ROWS = 4096
 # A split must be this much faster than the plain GEMM (timing's spread on the H200: ~1-2%).
 MARGIN = 0.97
+# The partial products a timed split may hold (splits x rows x width): the timing runs in vLLM's
+# memory profiling step, whose peak sets what the engine reserves.
+MAX_PARTIALS_BYTES = 256 << 20
 
 # Per step size timed, the number of slices (1: the plain GEMM); read with ``planned``.
 SplitPlan = tuple[tuple[int, int], ...]
@@ -87,11 +90,18 @@ class SplitKGemm:
         return out if bias is None else out + bias
 
 
+def affordable_splits(weight: torch.Tensor, rows: int) -> list[int]:
+    """The candidate splits for ``weight`` at ``rows`` rows whose partial products fit
+    :data:`MAX_PARTIALS_BYTES`."""
+    row_bytes = weight.shape[0] * weight.element_size()
+    return [s for s in candidate_splits(weight.shape[1]) if s * rows * row_bytes <= MAX_PARTIALS_BYTES]
+
+
 def time_splits(weight: torch.Tensor, rows: int) -> dict[int, float]:
-    """GPU ms of the plain GEMM (1) and of each candidate split, at ``rows`` rows."""
+    """GPU ms of the plain GEMM (1) and of each affordable split, at ``rows`` rows."""
     x = fixed_random(rows, weight, weight.shape[1])
     timings = {1: graph_ms(lambda: torch.nn.functional.linear(x, weight))}
-    for splits in candidate_splits(weight.shape[1]):
+    for splits in affordable_splits(weight, rows):
         timings[splits] = graph_ms(lambda splits=splits: split_k_linear(x, weight, splits))
     return timings
 
