@@ -167,8 +167,6 @@ def load_plan(scenario: Scenario, requests, docs_sweep: list[int]) -> tuple[Work
     return warm_up, levels
 
 
-
-
 class RunningServer(NamedTuple):
     stub: Any
     pid: int

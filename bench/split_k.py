@@ -21,7 +21,7 @@ import torch
 
 from harness import conditions
 from scoring_plugin.models.kernel_choice import relative_difference
-from scoring_plugin.models.split_k import MARGIN, candidate_splits, split_k_linear, time_splits
+from scoring_plugin.models.split_k import candidate_splits, fastest_split, split_k_linear, time_splits
 
 # (model, projection, output width, reduction depth)
 PROJECTIONS = [
@@ -47,7 +47,7 @@ def measure(width: int, depth: int, rows: int) -> dict[str, Any]:
         "us": {splits: 1e3 * ms for splits, ms in timings.items()},
         "tflops": 2 * rows * width * depth / (timings[1] * 1e-3) / 1e12,
         "best_tflops": 2 * rows * width * depth / (timings[best] * 1e-3) / 1e12,
-        "plan": best if timings[best] < MARGIN * timings[1] else 1,
+        "plan": fastest_split(timings),
         "relative_difference": {s: relative_difference(split_k_linear(x, weight, s), expected)
                                 for s in candidate_splits(depth)},
     }

@@ -31,3 +31,11 @@ def test_a_step_takes_the_choice_of_the_timed_size_at_or_above_it(rows: int, cho
 def test_a_one_entry_plan_decides_every_size() -> None:
     assert planned([(1, False)], 1) is False
     assert planned([(1, False)], 9999) is False
+
+
+def test_a_candidate_wins_only_by_the_margin() -> None:
+    from scoring_plugin.models.kernel_choice import clear_winner
+
+    assert clear_winner({"a": 0.90, "b": 0.95}, 1.0) == "a"
+    assert clear_winner({"a": 0.98}, 1.0) is None  # inside 3%: timing noise, not a win
+    assert clear_winner({}, 1.0) is None

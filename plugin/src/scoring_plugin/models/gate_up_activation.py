@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from scoring_plugin.models.kernel_choice import graph_ms, planned, probe_sizes
+from scoring_plugin.models.kernel_choice import clear_winner, fixed_random, graph_ms, planned, probe_sizes
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,11 +141,6 @@ def gate_up_activation(
     return out
 
 
-# A tile is chosen where it is at least 3% faster: near a tie the winner would change from one
-# start to the next with timing noise, and with it the scores' last bf16 bit (the fused path
-# rounds once, the unfused one twice).
-MARGIN = 0.97
-
 # (largest token count, tile) in ascending counts: a step uses the first entry that holds it,
 # the last one past them all; None: cuBLAS + the activation kernel was faster there.
 TilePlan = Sequence[tuple[int, Tile | None]]
@@ -169,15 +164,14 @@ def choose_tiles(
     weight: torch.Tensor, activation: str, unfused: Callable[[torch.Tensor], torch.Tensor], max_rows: int,
 ) -> tuple[TilePlan, list[dict[str, Any]]]:
     """The plan for ``weight``'s shape on this GPU: at each of :func:`~.kernel_choice.probe_sizes`, the fastest
-    candidate tile, or None where it was not :data:`MARGIN` faster than ``unfused`` (cuBLAS +
+    candidate tile, or None where it was not :data:`~.kernel_choice.MARGIN` faster than ``unfused`` (cuBLAS +
     the activation kernel). Also the timings, for the log and the bench."""
     intermediate, hidden = weight.shape[0] // 2, weight.shape[1]
     tiles = [tile for tile in CANDIDATES if tile.fits(intermediate, hidden)]
-    generator = torch.Generator(device=weight.device).manual_seed(0)
     plan: list[tuple[int, Tile | None]] = []
     timings: list[dict[str, Any]] = []
     for rows in probe_sizes(max_rows):
-        x = torch.randn(rows, hidden, device=weight.device, dtype=weight.dtype, generator=generator)
+        x = fixed_random(rows, weight, hidden)
         out = x.new_empty(rows, intermediate)
         baseline = graph_ms(lambda: unfused(x))
         fused: dict[Tile, float] = {}
@@ -187,8 +181,7 @@ def choose_tiles(
                 fused[tile] = graph_ms(lambda tile=tile: gate_up_activation(x, weight, activation, tile, out))
             except Exception as error:  # noqa: BLE001  a tile this GPU or Triton cannot build is not chosen
                 refused[tile.name] = f"{type(error).__name__}: {error}"[:200]
-        best = min(fused, key=fused.__getitem__, default=None)
-        chosen = best if best is not None and fused[best] < MARGIN * baseline else None
+        chosen = clear_winner(fused, baseline)
         plan.append((rows, chosen))
         timings.append({"rows": rows, "unfused_ms": baseline, "tiles_ms": {t.name: ms for t, ms in fused.items()},
                         "refused": refused, "chosen": None if chosen is None else chosen.name})

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
 from typing import TypeVar
 
@@ -19,6 +19,7 @@ from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 from vllm.model_executor.layers.utils import default_unquantized_gemm
 
 T = TypeVar("T")
+K = TypeVar("K")
 
 
 def graph_ms(run: Callable[[], object], calls: int = 10, replays: int = 5) -> float:
@@ -65,6 +66,19 @@ def plain_gemm(linear: nn.Module) -> bool:
         and getattr(linear, "bias", None) is None
         and get_tensor_model_parallel_world_size() == 1
     )
+
+
+# A candidate path is chosen where it is at least 3% faster than the path it would replace: near
+# a tie the winner would change from one start to the next with timing noise (and with it, for a
+# fused bf16 path, the scores' last bit: it rounds once where the unfused one rounds twice).
+MARGIN = 0.97
+
+
+def clear_winner(candidates: Mapping[K, float], baseline_ms: float) -> K | None:
+    """The fastest of ``candidates`` (GPU ms each) where it beats ``baseline_ms`` by
+    :data:`MARGIN`; None where none does."""
+    best = min(candidates, key=candidates.__getitem__, default=None)
+    return best if best is not None and candidates[best] < MARGIN * baseline_ms else None
 
 
 # Rows of a probe: enough for a tile of every candidate, small enough to cost nothing.

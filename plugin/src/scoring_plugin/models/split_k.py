@@ -9,9 +9,10 @@ changes (as it does between cuBLAS's own algorithms).
 
 Nothing is assumed: at the first step each projection shape is timed plain and split (as CUDA
 graphs replay them, :func:`~.kernel_choice.graph_ms`) at each step size up to
-:data:`MAX_SPLIT_ROWS`, and a split serves the sizes where it was :data:`MARGIN` faster, in the
-layers whose weights reproduce the plain GEMM on a probe. fp16/bf16 projections keep cuBLAS's
-tensor-core GEMMs (a split would round its partial products to 16 bits).
+:data:`MAX_SPLIT_ROWS`, and a split serves the sizes where it was 3% faster
+(:func:`~.kernel_choice.clear_winner`), in the layers whose weights reproduce the plain GEMM on
+a probe. fp16/bf16 projections keep cuBLAS's tensor-core GEMMs (a split would round its partial
+products to 16 bits).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from vllm.model_executor.layers.utils import default_unquantized_gemm
 from scoring_plugin.models.kernel_choice import (
     PROBE_ROWS,
     PROBE_TOLERANCE,
+    clear_winner,
     fixed_random,
     graph_ms,
     plain_gemm,
@@ -44,8 +46,6 @@ MIN_SLICE = 128
 # Steps above this many tokens keep the plain GEMM, untimed: their output tiles fill the GPU
 # many times over, and the partial products (splits x rows x width fp32) grow with them.
 MAX_SPLIT_ROWS = 4096
-# A split must be this much faster than the plain GEMM (timing's spread on the H200: ~1-2%).
-MARGIN = 0.97
 # The partial products a timed split may hold (splits x rows x width): the timing runs in vLLM's
 # memory profiling step, whose peak sets what the engine reserves.
 MAX_PARTIALS_BYTES = 256 << 20
@@ -106,17 +106,22 @@ def time_splits(weight: torch.Tensor, rows: int) -> dict[int, float]:
     return timings
 
 
+def fastest_split(timings: dict[int, float]) -> int:
+    """Of :func:`time_splits`' timings, the split to serve: the plain GEMM (1) unless a split is
+    clearly faster."""
+    return clear_winner({s: ms for s, ms in timings.items() if s != 1}, timings[1]) or 1
+
+
 def split_plan(
     weight: torch.Tensor, max_tokens: int, timer: Callable[[torch.Tensor, int], dict[int, float]] = time_splits
 ) -> tuple[SplitPlan, list[dict[str, Any]]]:
-    """The fastest way at each timed step size (a split only where :data:`MARGIN` faster than
-    the plain GEMM), the plain GEMM past :data:`MAX_SPLIT_ROWS`; and the timings."""
+    """:func:`fastest_split` at each timed step size, the plain GEMM past
+    :data:`MAX_SPLIT_ROWS`; and the timings."""
     plan: list[tuple[int, int]] = []
     reports: list[dict[str, Any]] = []
     for rows in probe_sizes(min(max_tokens, MAX_SPLIT_ROWS)):
         timings = timer(weight, rows)
-        best = min(timings, key=timings.__getitem__)
-        chosen = best if timings[best] < MARGIN * timings[1] else 1
+        chosen = fastest_split(timings)
         plan.append((rows, chosen))
         reports.append({"rows": rows, "ms": timings, "chosen": chosen})
     if max_tokens > MAX_SPLIT_ROWS:
