@@ -20,8 +20,6 @@
 #                                   # commit): host stage costs of both, then both servers up at
 #                                   # once, c=1 and 32 interleaved for AB_ROUNDS rounds (default 3),
 #                                   # the A/B table (~5 min); AB_SCENARIO=fp32 for the fp32 model
-#   sh bench/h200_absa.sh splitk    # split-K fp32 GEMMs: their GPU tests, the kernels-alone table
-#                                   # (IEEE and TF32), the step sizes' plans the server chose (~3 min)
 #   sh bench/h200_absa.sh rpc       # what a unary call pays for gRPC on this host: bare grpc.aio,
 #                                   # our interceptors, the base build's (.whl-base) and each part
 #                                   # alone (bench/rpc_overhead.py --breakdown, ~2 min)
@@ -94,12 +92,7 @@ ab)
     python3 absa.py --systems grpc,grpc-base --base-site /tmp/site-base --ab-rounds "${AB_ROUNDS:-3}" \
         --scenario "${AB_SCENARIO:-bf16}" --concurrency 1,32 --seconds-per-level 8 --work /tmp/bw --out "$OUT/ab" \
         2>&1 | sed -n "/^| system/,\$p"
-    grep -h "MLP fusions\|timings (ms)\|split-K" /tmp/bw/absa-grpc-server.log | cut -c1-900 || true
-    ;;
-splitk)
-    (cd .. && python3 -m pytest -q -p no:cacheprovider tests/test_split_k.py -k gpu 2>&1 | tail -3)
-    python3 split_k.py --out "$OUT" 2>&1 | tail -44
-    python3 split_k.py --precision high --out "$OUT" 2>&1 | tail -44
+    grep -h "MLP fusions\|timings (ms)" /tmp/bw/absa-grpc-server.log | cut -c1-900 || true
     ;;
 rpc)
     python3 -m pip install -q --no-deps --upgrade --target /tmp/site-base "../${WHL_BASE:-.whl-base}"/*.whl

@@ -2,7 +2,7 @@
 Triton's compiled code differ between GPUs and versions): timing, and a probe's comparison of a
 fused path with the unfused one, so a kernel or wiring mismatch falls back instead of scoring
 wrong; which projections a path may replace; and the plans that keep one choice per step size
-(:mod:`.mlp_fusions`, :mod:`.split_k` and :mod:`.gate_up_activation` share them)."""
+(:mod:`.mlp_fusions` and :mod:`.gate_up_activation` share them)."""
 
 from __future__ import annotations
 

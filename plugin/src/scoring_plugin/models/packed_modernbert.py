@@ -47,7 +47,6 @@ from scoring_plugin.models.mlp_fusions import (
     choose_mlp_fusions,
 )
 from scoring_plugin.models.packed_attention import DevicePlan, PairAttention, step_plan
-from scoring_plugin.models.split_k import choose_split_k
 from scoring_plugin.packing import PACKED_TASK
 
 if TYPE_CHECKING:  # imports Triton, which only the CUDA paths need
@@ -204,7 +203,6 @@ class PackedAbsaPooler(Pooler):
             raise ValueError("packed ABSA requests have no shared head: every segment is a whole pair")
         if not self._fusions_chosen:  # the first step: vLLM's profiling run, before any capture
             choose_mlp_fusions(list(self.layers), self.max_tokens)
-            choose_split_k(self.layers, self.max_tokens)  # after: a split projection is no plain GEMM
             self._fusions_chosen = True
         # Anything past the scheduled tokens is padding: never part of a result.
         hidden_states = hidden_states[: sum(counts)]

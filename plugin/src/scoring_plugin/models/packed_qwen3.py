@@ -61,7 +61,6 @@ from scoring_plugin.models.mlp_fusions import (
     choose_mlp_fusions,
 )
 from scoring_plugin.models.packed_attention import DevicePlan, PairAttention, step_plan
-from scoring_plugin.models.split_k import choose_split_k
 from scoring_plugin.packing import PACKED_TASK
 from scoring_plugin.rerank.settings import RerankSettings
 
@@ -282,7 +281,6 @@ class PackedPairScorer(Pooler):
     def _choose_kernels(self) -> None:
         """Once, at the first step (vLLM's profiling run: weights loaded, before any capture)."""
         choose_mlp_fusions(list(self.layers), self.max_tokens)
-        choose_split_k(self.layers, self.max_tokens)  # after: a split projection is no plain GEMM
         differences = [layer.self_attn.use_fused_norm_rope() for layer in self.layers]
         probed = [d for d in differences if d is not None]
         fused = sum(layer.self_attn.fused_norm_rope for layer in self.layers)
