@@ -5,7 +5,7 @@
 #   sh bench/h200_rerank.sh check     # parity bf16 alone, with today's defaults, and the HF
 #                                     # reference's own bf16 orderings (~3.5 min)
 #   sh bench/h200_rerank.sh systems   # HF, vllm serve /rerank, vllm serve /pooling + plugin and
-#                                     # ours in one run (~9 min; run7 had no plugin system)
+#                                     # ours in one run (~7 min; run7 had no plugin system)
 #   sh bench/h200_rerank.sh variants  # ours with async scheduling; scoring-parity --pack-pairs
 #   sh bench/h200_rerank.sh full      # whole-step graphs: packed step by token count, then ours
 #                                     # with and without them, 1/5/20 documents (~6 min)
@@ -43,7 +43,7 @@ check)
     python3 reference_dtype_check.py --queries 6 --out "$OUT" 2>&1 | tail -9
     ;;
 systems)
-    python3 rerank.py --systems hf,grpc,vllm,plugin --seconds-per-level 10 --docs-sweep 1 --work /tmp/bw \
+    python3 rerank.py --systems hf,grpc,vllm,plugin --seconds-per-level 8 --docs-sweep 1 --work /tmp/bw \
         --out "$OUT" 2>&1 | tail -40
     ;;
 variants)
