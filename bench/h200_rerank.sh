@@ -24,7 +24,8 @@
 #                                     # interleaved for AB_ROUNDS rounds (default 3): c=1/16/64 at 20
 #                                     # documents, c=1 at one document; the A/B table (~5 min)
 # The base build's wheels come from .whl-base, or the directory WHL_BASE names (relative to the
-# project's root), so one staging can hold two bases.
+# project's root), so one staging can hold two bases; WHL_BASE=.whl is an A/A run (this tree on
+# both sides: what the harness itself tilts between its two servers).
 set -eu
 . bench/h200_env.sh
 cd bench
