@@ -23,6 +23,9 @@
 #                                     # base commit), both servers up at once, their levels
 #                                     # interleaved for AB_ROUNDS rounds (default 3): c=1/16/64 at 20
 #                                     # documents, c=1 at one document; the A/B table (~5 min)
+#   sh bench/h200_rerank.sh timeline  # the device's timeline while ours serves c=16, then c=64 (in
+#                                     # process, vLLM's torch profiler, CUDA activity only): busy
+#                                     # time, idle gaps, idle between steps, top kernels (~4 min)
 # The base build's wheels come from .whl-base, or the directory WHL_BASE names (relative to the
 # project's root), so one staging can hold two bases; WHL_BASE=.whl is an A/A run (this tree on
 # both sides: what the harness itself tilts between its two servers).
@@ -75,5 +78,10 @@ ab)
     python3 rerank.py --systems grpc,grpc-base --base-site /tmp/site-base --ab-rounds "${AB_ROUNDS:-3}" --docs-sweep 1 \
         --seconds-per-level 8 --work /tmp/bw --out "$OUT/ab" 2>&1 | sed -n "/^| system/,\$p"
     grep -h "MLP fusions\|timings (ms)" /tmp/bw/grpc-server.log | cut -c1-900 || true
+    ;;
+timeline)
+    for c in 16 64; do
+        python3 gpu_timeline.py --concurrency "$c" --work /tmp/bw --out "$OUT" 2>&1 | sed -n "/^Device timeline/,\$p"
+    done
     ;;
 esac

@@ -122,6 +122,49 @@ def test_packed_step_profile_absa_cpu_smoke(tmp_path: Path) -> None:
     assert report["profiled_step_tokens"] == 544 and "aten::" in report["profiled_step_kernels"]
 
 
+def test_gpu_timeline_counts_busy_time_idle_gaps_and_steps() -> None:
+    """Busy time is the union of overlapping device events; idle gaps are binned by length; a
+    device-to-host copy ends a served step, and the gap after it is idle between steps."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from gpu_timeline import device_events, timeline
+
+    def event(cat: str, name: str, ts: float, dur: float) -> dict[str, object]:
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+
+    trace = {"traceEvents": [
+        event("kernel", "gemm", 0, 10), event("kernel", "attn", 5, 10),  # overlap: busy 0-15
+        event("gpu_memcpy", "Memcpy DtoH (Device -> Pinned)", 15, 2),  # step 1 ends at 17
+        event("kernel", "gemm", 117, 3),  # 100 us idle after the copy
+        event("kernel", "norm", 123, 1),  # a 3 us gap inside the step
+        event("gpu_memcpy", "Memcpy DtoH (Device -> Pinned)", 124, 1),  # step 2 ends at 125
+        event("kernel", "gemm", 1200, 10),  # 1,075 us idle between steps
+        event("gpu_memset", "Memset (Device)", 1212, 1),
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5000},  # host: not device time
+        {"ph": "i", "cat": "kernel", "name": "marker", "ts": 3},  # not a complete event
+    ]}
+    result = timeline(device_events(trace))
+    assert result.events == 8 and result.steps == 2
+    assert result.window_ms == 1.213 and abs(result.busy_ms - 0.033) < 1e-12
+    assert abs(result.idle_between_steps_ms - 1.175) < 1e-12
+    assert result.idle_by_gap == {"< 5 us": (2, 0.005), "5-20 us": (0, 0.0), "20-100 us": (0, 0.0),
+                                  "0.1-1 ms": (1, 0.1), ">= 1 ms": (1, 1.075)}
+    assert result.top_kernels == [("gemm", 3, 0.023), ("attn", 1, 0.01), ("norm", 1, 0.001)]
+    assert timeline([]).window_ms == 0.0 and timeline([]).busy_fraction == 0.0
+
+
+def test_gpu_timeline_cpu_smoke(tmp_path: Path) -> None:
+    """The profiler's plumbing end to end: the packed reranker under a closed loop, vLLM's torch
+    profiler started and stopped in its engine core, the trace read back. The CPU build records
+    no device activity, so the timeline is empty; the GPU run is the measurement."""
+    out = tmp_path / "results"
+    done = _bench("gpu_timeline.py", "--cpu-smoke", "--warmup-seconds", "2", "--seconds", "2", "--out", str(out),
+                  "--work", str(tmp_path / "work"))
+    report = json.loads((out / "gpu-timeline-cpu-c16-float32.json").read_text())
+    assert report["pairs_per_s"] > 0 and report["trace"].endswith(".pt.trace.json.gz")
+    assert report["timeline"]["events"] == 0 and report["timeline"]["steps"] == 0
+    assert "| device busy | 0.0 ms (0.0%) |" in done.stdout
+
+
 def test_a_system_the_run_cannot_serve_fails_before_any_runs(tmp_path: Path) -> None:
     """A typo, or a system its scenario lacks (unpacked ABSA without packing), would otherwise
     be left out of the table without a word."""

@@ -6,17 +6,27 @@ from __future__ import annotations
 import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scoring_server.config import ModelKind, ModelSettings
 from scoring_server.engines import ModelRegistry
 from scoring_server.services.execution import ModelExecutor
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
 
 
 class PluginPath:
     def __init__(self, registry: ModelRegistry, kind: ModelKind) -> None:
         self._executor = ModelExecutor(registry, kind, inline_plan_items=0)  # always the threads
         self._ids = itertools.count()
+        self._served = registry.default_for(kind)
+
+    @property
+    def engine(self) -> AsyncLLM:
+        """The model's engine, for what the server never does itself (the benches' profiler)."""
+        assert self._served is not None and self._served.engine is not None
+        return self._served.engine
 
     @property
     def processor(self) -> Any:
