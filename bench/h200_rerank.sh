@@ -26,6 +26,8 @@
 #   sh bench/h200_rerank.sh timeline  # the device's timeline while ours serves c=16, then c=64 (in
 #                                     # process, vLLM's torch profiler, CUDA activity only): busy
 #                                     # time, idle gaps, idle between steps, top kernels (~4 min)
+#   sh bench/h200_rerank.sh pack      # ours at pack_tokens 8192 (the server's default), 16384 (the
+#                                     # bench's) and 24576: c=16 and c=64, 20 documents (~5 min)
 # The base build's wheels come from .whl-base, or the directory WHL_BASE names (relative to the
 # project's root), so one staging can hold two bases; WHL_BASE=.whl is an A/A run (this tree on
 # both sides: what the harness itself tilts between its two servers).
@@ -78,6 +80,12 @@ ab)
     python3 rerank.py --systems grpc,grpc-base --base-site /tmp/site-base --ab-rounds "${AB_ROUNDS:-3}" --docs-sweep 1 \
         --seconds-per-level 8 --work /tmp/bw --out "$OUT/ab" 2>&1 | sed -n "/^| system/,\$p"
     grep -h "MLP fusions\|timings (ms)" /tmp/bw/grpc-server.log | cut -c1-900 || true
+    ;;
+pack)
+    for tokens in 8192 16384 24576; do
+        python3 rerank.py --systems grpc --pack-tokens "$tokens" --concurrency 16,64 --docs-sweep "" \
+            --seconds-per-level 8 --work /tmp/bw --out "$OUT/pack-$tokens" 2>&1 | grep "^| grpc"
+    done
     ;;
 timeline)
     for c in 16 64; do
