@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from absa import CPU_SMOKE, SCENARIOS, build_models, make_requests
-from harness import conditions, log
+from harness import conditions, log, write_table
 
 SERIES = {
     "steps": "vllm:iteration_tokens_total_count",
@@ -95,13 +95,11 @@ def main() -> None:
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
     report = asyncio.run(run(args))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     name = "cpu" if args.cpu_smoke else args.scenario
-    (out / f"absa-engine-breakdown-{name}.json").write_text(json.dumps(report, indent=2))
     lines = ["| measure (c=1) | value |", "|---|---|"]
     lines += [f"| {k} | {v:.2f} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in report["summary"].items()]
-    print("\n".join(lines), flush=True)
+    write_table(Path(args.out), f"absa-engine-breakdown-{name}", report,
+                f"Where one ABSA call's time goes at c=1 ({name})", "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import conditions, log
+from harness import conditions, log, write_table
 from rerank import CPU_SMOKE, GPU, build_model, make_requests
 
 # Chrome-trace categories of work on the device (torch profiler / Kineto names).
@@ -211,16 +211,11 @@ def main() -> None:
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
     report = asyncio.run(run(args))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = f"gpu-timeline-{'cpu' if args.cpu_smoke else 'h200'}-c{args.concurrency}-{report['dtype']}"
-    (out / f"{name}.json").write_text(json.dumps(report, indent=2))
     heading = (f"Device timeline, rerank {report['scenario']}, {report['dtype']}, {report['docs_per_request']} "
                f"documents per call, c={args.concurrency}, pack_tokens {report['pack_tokens']}, "
                f"{args.seconds:.0f} s profiled")
-    (out / f"{name}.md").write_text(
-        f"{heading}\n\n{report['table']}\n\nConditions: {json.dumps(report['conditions'])}\n")
-    print(f"{heading}\n\n{report['table']}", flush=True)
+    stem = f"gpu-timeline-{'cpu' if args.cpu_smoke else 'h200'}-c{args.concurrency}-{report['dtype']}"
+    write_table(Path(args.out), stem, report, heading, report["table"])
 
 
 if __name__ == "__main__":

@@ -563,6 +563,16 @@ def write_check(out: Path, name: str, report: dict[str, Any]) -> None:
     print(f"wrote {path}")
 
 
+def write_table(out: Path, stem: str, report: dict[str, Any], heading: str, table: str) -> None:
+    """A one-table bench's report: JSON, and Markdown (heading, table, the report's conditions)
+    under `out`; heading and table on stdout."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
+    text = f"{heading}\n\n{table}"
+    (out / f"{stem}.md").write_text(f"{text}\n\nConditions: {json.dumps(report['conditions'])}\n")
+    print(text, flush=True)
+
+
 def write_results(out: Path, stem: str, report: Report, table: str) -> None:
     """JSON, Markdown (with the conditions) and a plot under `out`; the table on stdout."""
     from plot import render
