@@ -131,32 +131,35 @@ async def drive(servers: Sequence[Server], warm_up: Workload, workloads: Sequenc
 async def interleaved(targets: Sequence[Target], warm_up: Workload, workloads: Sequence[Workload],
                       rounds: int = 1) -> list[Level]:
     """Every workload on every target, ``rounds`` times, with all the targets up at once: each
-    workload runs on one target right after the other, first one first on even turns, the last
-    one on odd turns. The host drifts by 10-25% over minutes (ABSA run9: the same code 9-14%
-    slower from one minute to the next), as much as the changes an A/B measures; run one server
-    after the other, the drift lands on one of them, while levels seconds apart share it. With
+    workload runs on one target right after the other, the first target first where the round's
+    and the workload's numbers (from 0) add up to an even number, the last one first otherwise,
+    so a workload's order flips from round to round. The host drifts by 10-25% over minutes
+    (ABSA run9: the same code 9-14% slower from one minute to the next), as much as the changes
+    an A/B measures; run one server after the other, the drift lands on one of them, while
+    levels seconds apart share it. Which of two runs first may matter by itself: flipping per
+    workload only (rerank run19 and run20) gave each workload one order in every round whenever a
+    round held an even number of them, so a ratio could not tell the build from the order. With
     more than one round a level's system is labelled with its round ("... #2")."""
     for target in targets:
         log(f"{target.label}: warm-up")
         await closed_loop(target.send, warm_up.payloads, warm_up.items_per_request, warm_up.concurrency,
                           warm_up.seconds, target.label + "-warmup")
     levels = []
-    turn = 0
-    for round_ in range(1, rounds + 1):
-        for workload in workloads:
-            for target in (targets if turn % 2 == 0 else list(reversed(targets))):
-                label = target.label if rounds == 1 else f"{target.label} #{round_}"
+    for round_ in range(rounds):
+        for index, workload in enumerate(workloads):
+            for target in (targets if (round_ + index) % 2 == 0 else list(reversed(targets))):
+                label = target.label if rounds == 1 else f"{target.label} #{round_ + 1}"
                 levels.append(await closed_loop(target.send, workload.payloads, workload.items_per_request,
                                                 workload.concurrency, workload.seconds, label, target.pid,
                                                 target.metrics_url))
-            turn += 1
     return levels
 
 
 def ab_table(levels: Sequence[Level]) -> list[str]:
     """Markdown lines, for levels of two systems over several rounds (:func:`interleaved`'s "#n"
-    labels; nothing otherwise): per workload, the first system against the second round by
-    round, items/s and p50 ratios, and their medians over the rounds."""
+    labels, levels in the order they ran; nothing otherwise): per workload, the first system (A)
+    against the second (B) round by round, items/s and p50 ratios, which one ran first, and the
+    medians over the rounds."""
     def split(level: Level) -> tuple[str, str]:
         label, _, round_ = level.system.rpartition(" #")
         return (label, round_) if label else (level.system, "")
@@ -166,9 +169,10 @@ def ab_table(levels: Sequence[Level]) -> list[str]:
         return []
     a, b = labels
     by = {(split(l), l.items_per_request, l.concurrency): l for l in levels}
-    lines = ["", f"A/B, interleaved: {a} against {b} (>1: the first faster), per round, then the median:", "",
-             "| items/request | concurrency | items/s ratio per round | p50 ratio per round | median items/s ratio "
-             "| median p50 ratio |", "|---|---|---|---|---|---|"]
+    ran = {id(level): position for position, level in enumerate(levels)}
+    lines = ["", f"A/B, interleaved: {a} (A) against {b} (B) (>1: A faster), per round, then the median:", "",
+             "| items/request | concurrency | items/s ratio per round | p50 ratio per round | ran first | "
+             "median items/s ratio | median p50 ratio |", "|---|---|---|---|---|---|---|"]
     workloads = dict.fromkeys((l.items_per_request, l.concurrency) for l in levels)
     rounds = list(dict.fromkeys(split(l)[1] for l in levels if split(l)[1]))
     for items, concurrency in workloads:
@@ -176,9 +180,10 @@ def ab_table(levels: Sequence[Level]) -> list[str]:
                 if ((a, r), items, concurrency) in by and ((b, r), items, concurrency) in by]
         rates = [x.items_per_s / y.items_per_s for x, y in both if y.items_per_s]
         latencies = [y.p50_ms / x.p50_ms for x, y in both if x.p50_ms]
+        first = ", ".join("A" if ran[id(x)] < ran[id(y)] else "B" for x, y in both)
         if rates and latencies:
             lines.append(f"| {items} | {concurrency} | {', '.join(f'{r:.3f}' for r in rates)} | "
-                         f"{', '.join(f'{r:.3f}' for r in latencies)} | {statistics.median(rates):.3f} | "
+                         f"{', '.join(f'{r:.3f}' for r in latencies)} | {first} | {statistics.median(rates):.3f} | "
                          f"{statistics.median(latencies):.3f} |")
     return lines
 

@@ -183,20 +183,26 @@ def test_a_system_the_run_cannot_serve_fails_before_any_runs(tmp_path: Path) -> 
 @pytest.mark.parametrize(("script", "logs"), [("absa.py", ("absa-grpc-server.log", "absa-grpc-base-server.log")),
                                               ("rerank.py", ("grpc-server.log", "grpc-base-server.log"))])
 def test_an_interleaved_ab_runs_both_builds_level_by_level(tmp_path: Path, script: str, logs: tuple[str, str]) -> None:
-    """--ab-rounds: both servers up at once, each level on one right after the other, the first
-    one first on alternate turns (harness.interleaved), and the A/B table of per-round ratios."""
+    """--ab-rounds: both servers up at once, each level on one right after the other, which one
+    first flipping from workload to workload and, for each workload, from round to round (an
+    even number of workloads per round once gave each workload one order in every round), and
+    the A/B table of per-round ratios with the order they ran in."""
     site, out, work = tmp_path / "site-base", tmp_path / "results", tmp_path / "work"
     site.mkdir()  # the installed build again, under the base's name
     done = _bench(script, "--cpu-smoke", "--systems", "grpc,grpc-base", "--base-site", str(site), "--ab-rounds", "2",
-                  "--concurrency", "1", "--seconds-per-level", "1", "--out", str(out), "--work", str(work))
+                  "--concurrency", "1,2", "--seconds-per-level", "1", "--out", str(out), "--work", str(work))
     (report_file,) = out.glob("*.json")
     levels = json.loads(report_file.read_text())["levels"]
-    assert [level["system"] for level in levels] == [
-        "grpc (ours) #1", "grpc (ours, base: site-base) #1", "grpc (ours, base: site-base) #2", "grpc (ours) #2"]
+    tree, base = "grpc (ours)", "grpc (ours, base: site-base)"
+    assert [(level["system"], level["concurrency"]) for level in levels] == [
+        (f"{tree} #1", 1), (f"{base} #1", 1), (f"{base} #1", 2), (f"{tree} #1", 2),
+        (f"{base} #2", 1), (f"{tree} #2", 1), (f"{tree} #2", 2), (f"{base} #2", 2)]
     assert all(level["errors"] == 0 and level["requests"] > 0 for level in levels)
-    assert "A/B, interleaved: grpc (ours) against grpc (ours, base: site-base)" in done.stdout
-    (row,) = [line for line in done.stdout.splitlines() if line.startswith("| 4 | 1 | ") and line.count("|") == 7]
-    assert len(row.split("|")[3].split(",")) == 2  # a ratio per round
+    assert f"A/B, interleaved: {tree} (A) against {base} (B)" in done.stdout
+    rows = {line.split("|")[2].strip(): line.split("|") for line in done.stdout.splitlines()
+            if line.startswith("| 4 | ") and line.count("|") == 8}
+    assert len(rows["1"][3].split(",")) == 2  # a ratio per round
+    assert rows["1"][5].strip() == "A, B" and rows["2"][5].strip() == "B, A"  # who ran first, per round
     assert all((work / name).exists() for name in logs)  # each server its own files
 
 
