@@ -3,7 +3,7 @@ CUDA timeline: vLLM's torch profiler in the engine-core process (CUDA activity o
 runs at its normal speed), started once the load is warm and stopped after a few seconds.
 
 Why: at c=16 and c=64 the rerank bench tops out at ~4,000 pairs/s, while the kernels of a
-16k-token step, summed from the step's own profile, would allow ~10% more. Either the GPU idles
+16k-token step, summed from the step's own profile, would allow ~12% more. Either the GPU idles
 between or inside steps, or the served steps cost more than the bench's step; this says which,
 and the top kernels of the steps actually served.
 
