@@ -21,14 +21,13 @@ import argparse
 import asyncio
 import gzip
 import json
-import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from harness import conditions, log, write_table
+from harness import closed_loop, conditions, log, write_table
 from rerank import CPU_SMOKE, GPU, build_model, make_requests
 
 # Chrome-trace categories of work on the device (torch profiler / Kineto names).
@@ -48,7 +47,7 @@ class Timeline:
     idle_by_gap: dict[str, tuple[int, float]]  # label -> (gaps, ms)
     steps: int  # device-to-host copies: each served step ends with its scores' copy
     idle_between_steps_ms: float  # from a step's last copy to the next device work
-    top_kernels: list[tuple[str, int, float]] = field(default_factory=list)  # (name, calls, ms)
+    top_kernels: list[tuple[str, int, float]]  # (name, calls, ms)
 
     @property
     def busy_fraction(self) -> float:
@@ -128,28 +127,11 @@ def table(result: Timeline, pairs_per_s: float) -> str:
     return "\n".join(lines)
 
 
-async def drive(path: Any, requests: list[tuple[str, list[str]]], concurrency: int, seconds: float) -> int:
-    """A closed loop of ``concurrency`` callers for ``seconds``; the pairs scored."""
-    from scoring_plugin.rerank.types import RerankDocumentInput, RerankInput
-
-    deadline = time.perf_counter() + seconds
-    pairs = 0
-
-    async def caller(offset: int) -> None:
-        nonlocal pairs
-        i = offset
-        while time.perf_counter() < deadline:
-            query, documents = requests[i % len(requests)]
-            await path.run(RerankInput(query=query, documents=[RerankDocumentInput(text=d) for d in documents]))
-            pairs += len(documents)
-            i += concurrency
-
-    await asyncio.gather(*(caller(k) for k in range(concurrency)))
-    return pairs
-
-
-async def run(args: argparse.Namespace) -> dict[str, Any]:
+async def run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """The report, and its table."""
     from vllm.config import ProfilerConfig
+
+    from scoring_plugin.rerank.types import RerankDocumentInput, RerankInput
 
     from scoring_server.config import ModelSettings
     from scoring_server.parity.plugin_path import started
@@ -177,26 +159,29 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     docs = args.docs or scenario.docs_per_request
     requests = [(q, d[:docs]) for q, d in make_requests(256, docs, seed=1)]
     async with started(settings) as path:
-        log(f"warm-up, c={args.concurrency}")
-        await drive(path, requests, args.concurrency, args.warmup_seconds)
+
+        async def send(call: tuple[str, list[str]]) -> int:
+            query, documents = call
+            output = await path.run(RerankInput(query=query, documents=[RerankDocumentInput(text=d) for d in documents]))
+            return output.prompt_tokens
+
+        await closed_loop(send, requests, docs, args.concurrency, args.warmup_seconds, "warm-up")
         log(f"profiling {args.seconds:.0f} s at c={args.concurrency}")
         await path.engine.start_profile()
-        began = time.perf_counter()
-        pairs = await drive(path, requests, args.concurrency, args.seconds)
-        elapsed = time.perf_counter() - began
+        level = await closed_loop(send, requests, docs, args.concurrency, args.seconds, "profiled")
         await path.engine.stop_profile()
     files = sorted(p for p in traces.rglob("*.json*") if p.is_file())
     if not files:
         raise SystemExit(f"the engine wrote no trace under {traces}")
     result = timeline(device_events(read_trace(files[-1])))
-    return {
+    report = {
         "conditions": conditions(),
         "scenario": scenario.name, "dtype": scenario.dtype, "docs_per_request": docs,
         "concurrency": args.concurrency, "pack_tokens": settings.pack_tokens, "seconds": args.seconds,
-        "pairs_per_s": pairs / elapsed, "trace": files[-1].name,
+        "pairs_per_s": level.items_per_s, "errors": level.errors, "trace": files[-1].name,
         "timeline": {**asdict(result), "busy_fraction": result.busy_fraction},
-        "table": table(result, pairs / elapsed),
     }
+    return report, table(result, level.items_per_s)
 
 
 def main() -> None:
@@ -210,12 +195,12 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/scoring-bench")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
-    report = asyncio.run(run(args))
+    report, text = asyncio.run(run(args))
     heading = (f"Device timeline, rerank {report['scenario']}, {report['dtype']}, {report['docs_per_request']} "
                f"documents per call, c={args.concurrency}, pack_tokens {report['pack_tokens']}, "
                f"{args.seconds:.0f} s profiled")
     stem = f"gpu-timeline-{'cpu' if args.cpu_smoke else 'h200'}-c{args.concurrency}-{report['dtype']}"
-    write_table(Path(args.out), stem, report, heading, report["table"])
+    write_table(Path(args.out), stem, report, heading, text)
 
 
 if __name__ == "__main__":
