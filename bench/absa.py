@@ -353,6 +353,8 @@ async def main_async(args: argparse.Namespace) -> Report:
         servers["grpc-piecewise"] = ours("grpc-piecewise", "grpc (ours, piecewise graphs only)", full_graph_tokens=0)
     if scenario.dtype == "float32":
         servers["grpc-tf32"] = ours("grpc-tf32", f"grpc (ours, {TF32})", matmul_precision="high")
+        if packed:
+            servers["grpc-tf32x3"] = ours("grpc-tf32x3", "grpc (ours, 3xTF32 projections)", matmul_precision="tf32x3")
     systems = args.systems.split(",")
     if args.ab_rounds:
         report.levels += await drive(ab_servers(servers, systems), *load_plan(scenario, requests), args.ab_rounds)
@@ -376,7 +378,8 @@ def main() -> None:
     parser.add_argument("--systems", default="hf,grpc,plugin,classify",
                         help="of hf,grpc,grpc-base,grpc-unpacked,grpc-piecewise,grpc-threads,grpc-frontends,plugin,"
                              "classify; "
-                             "fp32 also grpc-tf32,classify-tf32 (float32_matmul_precision high)")
+                             "fp32 also grpc-tf32,classify-tf32 (float32_matmul_precision high) and, packed, "
+                             "grpc-tf32x3 (float32_matmul_precision tf32x3)")
     parser.add_argument("--frontends", type=int, default=4, help="front-end processes of grpc-frontends")
     parser.add_argument("--base-site", help="grpc-base: our server with the packages installed in this directory "
                                             "(pip install --target) first on its path: a baseline build, same run")

@@ -2,7 +2,8 @@
 # The ABSA measurements of one H200 staging (`../shared/gpu/README.md` stages vLLM first);
 # results and logs land in $OUT.
 #   sh bench/h200_absa.sh parity [SERVED]  # packed path vs the HF reference (fp32 gated), served
-#                                          # as bf16 (default) or fp32-tf32 (TF32 matmuls)
+#                                          # as bf16 (default), fp32-tf32 (TF32 matmuls) or
+#                                          # fp32-tf32x3 (3xTF32 projections)
 #   sh bench/h200_absa.sh systems [SYSTEMS]  # default: ours packed, ours unpacked, stock
 #                                            # /classify in one run (bench/absa.py --systems)
 #   sh bench/h200_absa.sh fp32      # the fp32 scenario: ours packed (padded-batch SDPA, piecewise
@@ -16,6 +17,10 @@
 #                                   # (`grpc-threads`), c=1 and c=32, twice (~6 min)
 #   sh bench/h200_absa.sh tf32      # fp32: ours and stock /classify, each with IEEE and with TF32
 #                                   # matmuls (float32_matmul_precision high), c=1 and 32 (~6 min)
+#   sh bench/h200_absa.sh tf32x3    # fp32: ours with IEEE matmuls, with 3xTF32 projections
+#                                   # (float32_matmul_precision tf32x3) and with TF32, stock /classify
+#                                   # IEEE, c=1 and 32; the 3xTF32 GPU test (~8 min; the kernels
+#                                   # alone: python3 bench/fp32_gemm.py)
 #   sh bench/h200_absa.sh ab        # this tree against a base build (.whl-base: wheels of the base
 #                                   # commit): host stage costs of both, then both servers up at
 #                                   # once, c=1 and 32 interleaved for AB_ROUNDS rounds (default 3),
@@ -37,7 +42,8 @@ parity)
     case "$served" in
     bf16) scenario=bf16 flags="--dtype bfloat16" ;;
     fp32-tf32) scenario=fp32 flags="--dtype float32 --float32-matmul-precision high" ;;
-    *) echo "served: bf16 or fp32-tf32" >&2; exit 2 ;;
+    fp32-tf32x3) scenario=fp32 flags="--dtype float32 --float32-matmul-precision tf32x3" ;;
+    *) echo "served: bf16, fp32-tf32 or fp32-tf32x3" >&2; exit 2 ;;
     esac
     model=$(python3 -c "
 import json; from pathlib import Path; import absa
@@ -48,6 +54,12 @@ print(model)" | tail -1)
     # shellcheck disable=SC2086
     python3 -m scoring_server.parity --checkpoint "$model" --inputs /tmp/absa-pairs.jsonl $flags --pack-pairs \
         --max-model-len 512 --json "$OUT/absa-parity-packed-h200-$served.json" 2>&1 | tail -32
+    ;;
+tf32x3)
+    (cd .. && python3 -m pytest -q -p no:cacheprovider tests/test_tf32x3_gemm.py -k gpu 2>&1 | tail -3)
+    python3 absa.py --scenario fp32 --systems grpc,grpc-tf32x3,grpc-tf32,classify --concurrency 1,32 \
+        --seconds-per-level 6 --work /tmp/bw --out "$OUT" 2>&1 | tail -30
+    grep -h "3xTF32" /tmp/bw/absa-grpc-tf32x3-server.log | cut -c1-400 || true
     ;;
 tf32)
     python3 absa.py --scenario fp32 --systems grpc,grpc-tf32,classify,classify-tf32 --concurrency 1,32 \

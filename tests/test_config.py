@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from scoring_plugin.models import FLOAT32_GEMM_VARIABLE, TF32X3
 from scoring_server.cli import parse_args, settings_from_args
 from scoring_server.config import ModelSettings, ServerSettings
 from scoring_server.engines import engine_environment, environment
@@ -124,3 +125,24 @@ def test_float32_matmul_precision_is_explicit_pinned_and_float32_only(monkeypatc
         with engine_environment(environment(settings)):
             assert os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] == expected
     assert os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] == "medium"  # restored once the engine started
+
+
+def test_tf32x3_is_packed_float32_only_and_keeps_vllms_matmuls_ieee(monkeypatch: pytest.MonkeyPatch) -> None:
+    """3xTF32 replaces the packed models' projections only: vLLM's own matmuls stay IEEE, the
+    plugin in the engine is told, and a stray variable cannot turn it on or off."""
+    flags = parse_args(["--model-path", "/t", "--dtype", "float32", "--pack-pairs",
+                        "--float32-matmul-precision", "tf32x3"])
+    (tf32x3,) = settings_from_args(flags).models
+    assert tf32x3.served_matmul_precision() == "tf32x3"
+    with pytest.raises(ValidationError, match="packed models"):
+        ModelSettings(name="u", path="/u", dtype="float32", float32_matmul_precision="tf32x3")
+    with pytest.raises(ValidationError, match="float32 only"):
+        ModelSettings(name="b", path="/b", dtype="bfloat16", pack_pairs=True, float32_matmul_precision="tf32x3")
+
+    monkeypatch.setenv("VLLM_FLOAT32_MATMUL_PRECISION", "high")
+    monkeypatch.setenv(FLOAT32_GEMM_VARIABLE, TF32X3)  # stray: must not reach an IEEE model
+    strict = ModelSettings(name="s", path="/s", dtype="float32", pack_pairs=True)
+    for settings, precision, gemm in ((tf32x3, "highest", TF32X3), (strict, "highest", "cublas")):
+        with engine_environment(environment(settings)):
+            assert os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] == precision
+            assert os.environ[FLOAT32_GEMM_VARIABLE] == gemm

@@ -25,8 +25,9 @@ from scoring_server.security import AuthSettings, TlsSettings
 from scoring_server.tracing import TracingSettings
 
 MIB = 1024 * 1024
-# torch's and vLLM's names (VLLM_FLOAT32_MATMUL_PRECISION): IEEE fp32, TF32 or bf16 products.
-Float32MatmulPrecision = Literal["highest", "high", "medium"]
+# torch's and vLLM's names (VLLM_FLOAT32_MATMUL_PRECISION): IEEE fp32, TF32 or bf16 products;
+# and Triton's "tf32x3" (three TF32 products: float32-level accuracy on tensor cores).
+Float32MatmulPrecision = Literal["highest", "tf32x3", "high", "medium"]
 FLOAT32_MATMUL_PRECISIONS: tuple[str, ...] = get_args(Float32MatmulPrecision)
 
 
@@ -72,7 +73,11 @@ class ModelSettings(BaseModel):
     # IEEE fp32; "high" TF32 tensor cores (fp32 storage and accumulation, 10-bit mantissa
     # products); "medium" bf16 products. An explicit trade, reported by GetInfo and /metrics:
     # strict fp32 GEMMs bound an 8-pair ModernBERT-large step to ~13 ms on the H200
-    # (bench/README.md). dtype float32 only: the others have no fp32 matmuls to relax.
+    # (bench/README.md). "tf32x3": a packed model's projections as Triton GEMMs of three TF32
+    # products each (each operand's TF32 rounding and remainder), at the step sizes where that
+    # timed faster than cuBLAS at start-up, every other matmul IEEE: within ~3e-7 of a float64
+    # product where cuBLAS's IEEE GEMM is within ~1e-6 (bench/results/fp32-gemm-h200-run11.md).
+    # dtype float32 only: the others have no fp32 matmuls to relax.
     float32_matmul_precision: Float32MatmulPrecision = "highest"
     # Passed to vLLM's AsyncEngineArgs unchanged (enforce_eager, tensor_parallel_size, ...).
     engine_args: dict[str, Any] = Field(default_factory=dict)
@@ -91,6 +96,8 @@ class ModelSettings(BaseModel):
                 f"float32_matmul_precision {self.float32_matmul_precision!r} applies to dtype float32 only "
                 f"(this model is {self.dtype})"
             )
+        if self.float32_matmul_precision == "tf32x3" and not self.pack_pairs:
+            raise ValueError("float32_matmul_precision 'tf32x3' applies to packed models (pack_pairs) only")
         return self
 
     def served_matmul_precision(self) -> str | None:

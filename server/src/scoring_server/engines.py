@@ -24,6 +24,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from scoring_plugin.io_processors.absa import AbsaIOProcessor
 from scoring_plugin.io_processors.image_ranker import ImageRankerIOProcessor
 from scoring_plugin.io_processors.reranker import RerankerIOProcessor
+from scoring_plugin.models import FLOAT32_GEMM_VARIABLE, TF32X3
 from scoring_server.admission import Admission
 from scoring_server.config import ModelKind, ModelSettings
 
@@ -215,9 +216,15 @@ def engine_args(settings: ModelSettings, frontends: int = 1, frontend: int = 0) 
 def environment(settings: ModelSettings) -> dict[str, str]:
     """The environment variables an engine for these settings needs (vLLM reads them in the
     engine's own processes). The fp32 matmul precision is always set: a stray variable in the
-    server's environment must not change what a float32 model computes."""
+    server's environment must not change what a float32 model computes. With "tf32x3" the plugin
+    replaces the projections' GEMMs and every other matmul stays IEEE."""
     base = _PACKED_ENVIRONMENT if settings.pack_pairs else _KIND_ENVIRONMENT.get(settings.kind, {})
-    return {**base, "VLLM_FLOAT32_MATMUL_PRECISION": settings.float32_matmul_precision}
+    tf32x3 = settings.float32_matmul_precision == TF32X3
+    return {
+        **base,
+        "VLLM_FLOAT32_MATMUL_PRECISION": "highest" if tf32x3 else settings.float32_matmul_precision,
+        FLOAT32_GEMM_VARIABLE: TF32X3 if tf32x3 else "cublas",
+    }
 
 
 def _start(model: ServedModel) -> None:

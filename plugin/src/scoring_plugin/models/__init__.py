@@ -19,6 +19,12 @@ PACKABLE_ARCHITECTURES = {
 }
 ABSA_ARCHITECTURES = (ABSA_BERT_ARCHITECTURE, ABSA_MODERNBERT_ARCHITECTURE)
 IMAGE_RANK_ARCHITECTURE = "ClipImageRanker"
+# Set by the server for a model's engine processes (the packed models' kernel choices run
+# there): TF32X3 lets float32 projections run as 3xTF32 Triton GEMMs where they time faster
+# (scoring_plugin.models.tf32x3_gemm); anything else keeps cuBLAS's GEMM at vLLM's
+# VLLM_FLOAT32_MATMUL_PRECISION.
+FLOAT32_GEMM_VARIABLE = "SCORING_FLOAT32_GEMM"
+TF32X3 = "tf32x3"
 _MODELS = {
     PAIR_BERT_ARCHITECTURE: "scoring_plugin.models.pair_bert:PairAwareBertForSequenceClassification",
     PACKED_QWEN3_ARCHITECTURE: "scoring_plugin.models.packed_qwen3:PackedQwen3ForSequenceClassification",

@@ -2,11 +2,12 @@
 Triton's compiled code differ between GPUs and versions): timing, and a probe's comparison of a
 fused path with the unfused one, so a kernel or wiring mismatch falls back instead of scoring
 wrong; which projections a path may replace; and the plans that keep one choice per step size
-(:mod:`.mlp_fusions` and :mod:`.gate_up_activation` share them)."""
+(:mod:`.mlp_fusions`, :mod:`.gate_up_activation` and :mod:`.tf32x3_gemm` share them)."""
 
 from __future__ import annotations
 
 import bisect
+import os
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
@@ -17,6 +18,8 @@ from torch import nn
 from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 from vllm.model_executor.layers.utils import default_unquantized_gemm
+
+from scoring_plugin.models import FLOAT32_GEMM_VARIABLE, TF32X3
 
 T = TypeVar("T")
 K = TypeVar("K")
@@ -117,3 +120,14 @@ def planned(plan: Sequence[tuple[int, T]], rows: int) -> T:
     Served steps are padded up to a captured size, so the size above is the one they run at."""
     index = min(bisect.bisect_left(plan, rows, key=itemgetter(0)), len(plan) - 1)
     return plan[index][1]
+
+
+def choose_float32_gemms(layers: Sequence[nn.Module], max_tokens: int) -> None:
+    """At a packed model's first step, before its other kernel choices (a projection given a
+    3xTF32 GEMM is no plain GEMM for the fusions that would read its weight): the 3xTF32 plans
+    where this engine was asked for them, on CUDA."""
+    if os.environ.get(FLOAT32_GEMM_VARIABLE) != TF32X3 or not torch.cuda.is_available():
+        return
+    from scoring_plugin.models.tf32x3_gemm import choose_tf32x3  # Triton: CUDA paths only
+
+    choose_tf32x3(layers, max_tokens)

@@ -37,7 +37,7 @@ from vllm.v1.pool.metadata import PoolingMetadata
 from scoring_plugin.absa.heads import AbsaHeads, pack_outputs
 from scoring_plugin.absa.settings import AbsaSettings
 from scoring_plugin.models.full_graphs import pooler_graphs
-from scoring_plugin.models.kernel_choice import plain_gemm, planned
+from scoring_plugin.models.kernel_choice import choose_float32_gemms, plain_gemm, planned
 from scoring_plugin.models.layer_graphs import run_layers
 from scoring_plugin.models.loading import load_all_weights
 from scoring_plugin.models.mlp_fusions import (
@@ -202,6 +202,7 @@ class PackedAbsaPooler(Pooler):
         if any(layout[0] for layout in layouts):
             raise ValueError("packed ABSA requests have no shared head: every segment is a whole pair")
         if not self._fusions_chosen:  # the first step: vLLM's profiling run, before any capture
+            choose_float32_gemms(list(self.layers), self.max_tokens)
             choose_mlp_fusions(list(self.layers), self.max_tokens)
             self._fusions_chosen = True
         # Anything past the scheduled tokens is padding: never part of a result.

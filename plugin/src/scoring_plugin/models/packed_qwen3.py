@@ -51,7 +51,13 @@ from vllm.v1.outputs import PoolerOutput
 from vllm.v1.pool.metadata import PoolingMetadata
 
 from scoring_plugin.models.full_graphs import pooler_graphs
-from scoring_plugin.models.kernel_choice import PROBE_TOLERANCE, plain_gemm, planned, relative_difference
+from scoring_plugin.models.kernel_choice import (
+    PROBE_TOLERANCE,
+    choose_float32_gemms,
+    plain_gemm,
+    planned,
+    relative_difference,
+)
 from scoring_plugin.models.layer_graphs import run_layers
 from scoring_plugin.models.loading import load_all_weights
 from scoring_plugin.models.mlp_fusions import (
@@ -280,6 +286,7 @@ class PackedPairScorer(Pooler):
 
     def _choose_kernels(self) -> None:
         """Once, at the first step (vLLM's profiling run: weights loaded, before any capture)."""
+        choose_float32_gemms(list(self.layers), self.max_tokens)
         choose_mlp_fusions(list(self.layers), self.max_tokens)
         differences = [layer.self_attn.use_fused_norm_rope() for layer in self.layers]
         probed = [d for d in differences if d is not None]
