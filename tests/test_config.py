@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from scoring_plugin.models import FLOAT32_GEMM_VARIABLE, TF32X3
 from scoring_server.cli import parse_args, settings_from_args
-from scoring_server.config import ModelSettings, ServerSettings
+from scoring_server.config import FLOAT32_MATMUL_PRECISIONS, ModelSettings, ServerSettings
 from scoring_server.engines import engine_environment, environment
 
 
@@ -146,3 +146,14 @@ def test_tf32x3_is_packed_float32_only_and_keeps_vllms_matmuls_ieee(monkeypatch:
         with engine_environment(environment(settings)):
             assert os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] == precision
             assert os.environ[FLOAT32_GEMM_VARIABLE] == gemm
+
+
+def test_every_matmul_precision_is_reported_by_getinfo_as_its_own_value() -> None:
+    from scoring.v1 import info_pb2
+
+    from scoring_server.services.info import _MATMUL_PRECISIONS
+
+    assert set(_MATMUL_PRECISIONS) == set(FLOAT32_MATMUL_PRECISIONS)
+    values = set(_MATMUL_PRECISIONS.values())
+    assert len(values) == len(FLOAT32_MATMUL_PRECISIONS) and info_pb2.FLOAT32_MATMUL_PRECISION_UNSPECIFIED not in values
+    assert _MATMUL_PRECISIONS["tf32x3"] == info_pb2.FLOAT32_MATMUL_PRECISION_TF32X3

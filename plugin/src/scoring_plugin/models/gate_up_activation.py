@@ -22,36 +22,14 @@ Triton's interpreter.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
+from scoring_plugin.models.gemm_tiles import Tile, operand_tiles
 from scoring_plugin.models.kernel_choice import clear_winner, fixed_random, graph_ms, planned, probe_sizes
-
-
-@dataclass(frozen=True, slots=True)
-class Tile:
-    """Launch shape: token rows and intermediate columns per program (``block_n`` gate columns
-    and as many up columns: two accumulators), reduction depth per step, warps, pipeline stages,
-    and ``group_m`` row tiles that sweep the columns together so weight tiles are reused from L2."""
-
-    block_m: int
-    block_n: int
-    block_k: int
-    num_warps: int
-    num_stages: int
-    group_m: int = 8
-
-    @property
-    def name(self) -> str:
-        return f"{self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages}"
-
-    def fits(self, intermediate: int, hidden: int) -> bool:
-        """The kernel reads weight tiles unmasked: the tile must divide the weight."""
-        return intermediate % self.block_n == 0 and hidden % self.block_k == 0
 
 
 # Tried at start-up (:func:`choose_tiles`). Large steps: 128 rows x 2 x 128 columns (the shape of
@@ -75,21 +53,10 @@ def _gate_up_activation_kernel(
     INTERMEDIATE: tl.constexpr, HIDDEN: tl.constexpr, ACTIVATION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    program = tl.program_id(0)
-    row_tiles = tl.cdiv(rows, BLOCK_M)
-    column_tiles = INTERMEDIATE // BLOCK_N
-    per_group = GROUP_M * column_tiles
-    first_row_tile = (program // per_group) * GROUP_M
-    group_rows = tl.minimum(row_tiles - first_row_tile, GROUP_M)
-    row_tile = first_row_tile + (program % per_group) % group_rows
-    column_tile = (program % per_group) // group_rows
-
-    row = row_tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    column = column_tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    depth = tl.arange(0, BLOCK_K)
-    row_ok = (row < rows)[:, None]
-    x_tile = x_ptr + row[:, None] * x_stride + depth[None, :]
-    gate_tile = w_ptr + column[None, :] * HIDDEN + depth[:, None]  # [BLOCK_K, BLOCK_N] of gate.T
+    # a tile's ``block_n`` gate columns (the weight's first half) and as many up columns: two accumulators
+    row, column, row_ok, x_tile, gate_tile = operand_tiles(
+        x_ptr, w_ptr, rows, x_stride, INTERMEDIATE, HIDDEN, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+    )
     up_tile = gate_tile + INTERMEDIATE * HIDDEN
     gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -131,7 +98,7 @@ def gate_up_activation(
         raise ValueError(f"gate_up_activation: {tile} does not divide the weight ({intermediate} x {hidden})")
     rows = x.shape[0]
     out = x.new_empty(rows, intermediate) if out is None else out
-    grid = (triton.cdiv(rows, tile.block_m) * (intermediate // tile.block_n),)
+    grid = (tile.programs(rows, intermediate),)
     _gate_up_activation_kernel[grid](
         x, weight, out, rows, x.stride(0), out.stride(0),
         INTERMEDIATE=intermediate, HIDDEN=hidden, ACTIVATION=activation,

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,6 +29,7 @@ import triton.language as tl
 from torch import nn
 from vllm.model_executor.layers.utils import default_unquantized_gemm
 
+from scoring_plugin.models.gemm_tiles import Tile, operand_tiles
 from scoring_plugin.models.kernel_choice import (
     PROBE_ROWS,
     clear_winner,
@@ -42,28 +42,6 @@ from scoring_plugin.models.kernel_choice import (
 )
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Tile:
-    """Launch shape: output rows and columns per program, reduction depth per step, warps,
-    pipeline stages, and ``group_m`` row tiles that sweep the columns together (weight tiles
-    reused from L2)."""
-
-    block_m: int
-    block_n: int
-    block_k: int
-    num_warps: int
-    num_stages: int
-    group_m: int = 8
-
-    @property
-    def name(self) -> str:
-        return f"{self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages}"
-
-    def fits(self, width: int, depth: int) -> bool:
-        """The kernel reads weight tiles unmasked: the tile must divide the weight."""
-        return width % self.block_n == 0 and depth % self.block_k == 0
 
 
 # Tried at start-up. Small steps (a few hundred rows) need narrow tiles to give 132 SMs enough
@@ -85,21 +63,9 @@ def _tf32x3_linear_kernel(
     WIDTH: tl.constexpr, DEPTH: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    program = tl.program_id(0)
-    row_tiles = tl.cdiv(rows, BLOCK_M)
-    column_tiles = WIDTH // BLOCK_N
-    per_group = GROUP_M * column_tiles
-    first_row_tile = (program // per_group) * GROUP_M
-    group_rows = tl.minimum(row_tiles - first_row_tile, GROUP_M)
-    row_tile = first_row_tile + (program % per_group) % group_rows
-    column_tile = (program % per_group) // group_rows
-
-    row = row_tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    column = column_tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    depth = tl.arange(0, BLOCK_K)
-    row_ok = (row < rows)[:, None]
-    x_tile = x_ptr + row[:, None] * x_stride + depth[None, :]
-    w_tile = w_ptr + column[None, :] * DEPTH + depth[:, None]  # [BLOCK_K, BLOCK_N] of weight.T
+    row, column, row_ok, x_tile, w_tile = operand_tiles(
+        x_ptr, w_ptr, rows, x_stride, WIDTH, DEPTH, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+    )
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for _ in range(0, DEPTH // BLOCK_K):
         acc = tl.dot(tl.load(x_tile, mask=row_ok, other=0.0), tl.load(w_tile), acc, input_precision=PRECISION)
@@ -128,7 +94,7 @@ def tf32x3_linear(
         raise ValueError(f"tf32x3_linear: {tile.name} does not divide the weight ({width} x {depth})")
     rows = x.shape[0]
     out = x.new_empty(rows, width) if out is None else out
-    grid = (triton.cdiv(rows, tile.block_m) * (width // tile.block_n),)
+    grid = (tile.programs(rows, width),)
     _tf32x3_linear_kernel[grid](
         x, weight, out, rows, x.stride(0), out.stride(0),
         WIDTH=width, DEPTH=depth, PRECISION=precision,
