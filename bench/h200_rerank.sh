@@ -28,6 +28,8 @@
 #                                     # time, idle gaps, idle between steps, top kernels (~4 min)
 #   sh bench/h200_rerank.sh pack      # ours at pack_tokens 8192 (the server's default), 16384 (the
 #                                     # bench's) and 24576: c=16 and c=64, 20 documents (~5 min)
+#   sh bench/h200_rerank.sh fp32      # float32: ours IEEE, ours with 3xTF32 projections, vllm serve
+#                                     # /rerank (IEEE), c=1 and 16, 20 documents (~5 min)
 # The base build's wheels come from .whl-base, or the directory WHL_BASE names (relative to the
 # project's root), so one staging can hold two bases; WHL_BASE=.whl is an A/A run (this tree on
 # both sides: what the harness itself tilts between its two servers).
@@ -86,6 +88,11 @@ pack)
         python3 rerank.py --systems grpc --pack-tokens "$tokens" --concurrency 16,64 --docs-sweep "" \
             --seconds-per-level 8 --work /tmp/bw --out "$OUT/pack-$tokens" 2>&1 | grep "^| grpc"
     done
+    ;;
+fp32)
+    python3 rerank.py --dtype float32 --systems grpc,grpc-tf32x3,vllm --concurrency 1,16 --docs-sweep "" \
+        --seconds-per-level 6 --work /tmp/bw --out "$OUT/fp32" 2>&1 | sed -n "/^| system/,\$p"
+    grep -h "3xTF32" /tmp/bw/grpc-tf32x3-server.log | cut -c1-300 || true
     ;;
 timeline)
     for c in 16 64; do

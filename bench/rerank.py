@@ -102,6 +102,8 @@ class Scenario:
     inline_plan_items: int | None = None
     # Our server imports from this directory first (harness.site_environment): `grpc-base`.
     server_site: str | None = None
+    # Our server's `float32_matmul_precision` (None: its default, IEEE; "tf32x3": `grpc-tf32x3`).
+    float32_matmul_precision: str | None = None
 
 
 GPU = Scenario("qwen3-0.6b-shaped", "bfloat16", 1024, 28, 16, 8, 128, 3072, 20, [1, 16, 64], 15.0, False, 0.5, 128)
@@ -193,6 +195,8 @@ async def grpc_reranker(model: Path, scenario: Scenario, work: Path, name: str =
     }
     if scenario.pack_full_graph_tokens is not None:
         settings["pack_full_graph_tokens"] = scenario.pack_full_graph_tokens
+    if scenario.float32_matmul_precision is not None:
+        settings["float32_matmul_precision"] = scenario.float32_matmul_precision
     write_server_config(config, port, [settings], metrics_port=metrics_port,
                         inline_plan_items=scenario.inline_plan_items)
     log(f"{name}: starting our server")
@@ -340,6 +344,7 @@ async def main_async(args: argparse.Namespace) -> Report:
     scenario.pack_full_graph_tokens = args.full_graph_tokens
     scenario.concurrency = args.concurrency or scenario.concurrency
     scenario.docs_per_request = args.docs or scenario.docs_per_request
+    scenario.dtype = args.dtype or scenario.dtype
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     model = build_model(scenario, work / f"model-{scenario.name}")
@@ -360,6 +365,9 @@ async def main_async(args: argparse.Namespace) -> Report:
     if scenario.pack_pairs:
         servers["grpc-eager"] = ours("grpc-eager", "grpc (ours, eager layers)", pack_graphs=False)
         servers["grpc-piecewise"] = ours("grpc-piecewise", "grpc (ours, piecewise graphs only)", pack_full_graph_tokens=0)
+        if scenario.dtype == "float32":
+            servers["grpc-tf32x3"] = ours("grpc-tf32x3", "grpc (ours, 3xTF32 projections)",
+                                          float32_matmul_precision="tf32x3")
     systems = args.systems.split(",")
     if args.ab_rounds:
         pair = ab_servers(servers, systems)
@@ -381,7 +389,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu-smoke", action="store_true")
     parser.add_argument("--systems", default="hf,grpc,vllm,plugin",
-                        help="of hf,grpc,grpc-base,grpc-eager,grpc-piecewise,grpc-threads,vllm,plugin")
+                        help="of hf,grpc,grpc-base,grpc-eager,grpc-piecewise,grpc-threads,vllm,plugin; "
+                             "with --dtype float32 also grpc-tf32x3 (float32_matmul_precision tf32x3)")
     parser.add_argument("--base-site", help="grpc-base: our server with the packages installed in this directory "
                                             "(pip install --target) first on its path: a baseline build, same run")
     parser.add_argument("--ab-rounds", type=int, default=0,
@@ -391,6 +400,8 @@ def main() -> None:
     parser.add_argument("--seconds-per-level", type=float, help="override the scenario's")
     parser.add_argument("--concurrency", type=int_list, default=[], help="e.g. 1,32: override the scenario's levels")
     parser.add_argument("--docs", type=int, help="documents per request: override the scenario's")
+    parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"],
+                        help="every system's dtype: override the scenario's (IEEE fp32 matmuls for float32)")
     parser.add_argument("--docs-sweep", type=int_list, default=[], help="e.g. 1,5,40: c=1 at these document counts")
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--no-pack", action="store_true", help="our server without pair packing")

@@ -45,7 +45,7 @@ def test_rerank_bench_cpu_smoke(tmp_path: Path) -> None:
     site, marker = tmp_path / "site-base", tmp_path / "base-imported"
     site.mkdir()
     (site / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'a').write('imported\\n')\n")
-    done = _bench("rerank.py", "--cpu-smoke", "--systems", "hf,grpc-base,grpc,grpc-threads,vllm,plugin",
+    done = _bench("rerank.py", "--cpu-smoke", "--systems", "hf,grpc-base,grpc,grpc-threads,grpc-tf32x3,vllm,plugin",
                   "--base-site", str(site),
                   "--out", str(out), "--work", str(tmp_path / "work"), "--docs", "3", "--docs-sweep", "1")
     assert marker.read_text().startswith("imported")
@@ -56,8 +56,10 @@ def test_rerank_bench_cpu_smoke(tmp_path: Path) -> None:
     report = json.loads(report_file.read_text())
     # In the order asked for (an A/B alternates it between rounds).
     systems = list(dict.fromkeys(level["system"] for level in report["levels"]))
+    # grpc-tf32x3: a float32 packed model served with float32_matmul_precision tf32x3 (on the CPU
+    # the plugin keeps torch's GEMMs; the setting still has to be accepted and served)
     assert systems == ["grpc (ours, base: site-base)", "grpc (ours)", "grpc (ours, planning always in threads)",
-                       "vllm serve /rerank", "vllm serve /pooling + plugin"]
+                       "grpc (ours, 3xTF32 projections)", "vllm serve /rerank", "vllm serve /pooling + plugin"]
     assert report["hf_items_per_s"] > 0
     model = tmp_path / "work" / f"model-{report['scenario']['name']}"
     for level in report["levels"]:
