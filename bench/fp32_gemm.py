@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from harness import conditions, int_list, write_table
-from scoring_plugin.models.kernel_choice import graph_ms
-from scoring_plugin.models.tf32x3_gemm import CANDIDATES, tf32x3_linear
+from scoring_plugin.models.kernel_choice import fixed_random, graph_ms
+from scoring_plugin.models.tf32x3_gemm import CANDIDATES, tf32x3_linear, time_tiles
 
 # (name, width, depth) of each projection: [width, depth] weights.
 SHAPES = {
@@ -35,36 +35,23 @@ def relative_error(got: torch.Tensor, exact: torch.Tensor) -> float:
     return float((got.double() - exact).abs().max() / exact.abs().max())
 
 
-def cublas(x: torch.Tensor, weight: torch.Tensor, tf32: bool) -> tuple[float, torch.Tensor]:
-    """GPU ms and output of cuBLAS's GEMM with TF32 off (IEEE) or on."""
-    before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    try:
-        out = torch.nn.functional.linear(x, weight)
-        return graph_ms(lambda: torch.nn.functional.linear(x, weight)), out
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
-
-
 def measure(name: str, width: int, depth: int, rows: int) -> dict[str, Any]:
+    """The server's own start-up timing (cuBLAS IEEE and every fitting tile, on its probe input
+    :func:`~scoring_plugin.models.kernel_choice.fixed_random`), then cuBLAS with TF32, and each
+    path's error on that input."""
     generator = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(rows, depth, device="cuda", generator=generator)
     weight = torch.randn(width, depth, device="cuda", generator=generator) * 0.02
+    x = fixed_random(rows, weight, depth)
     exact = x.double() @ weight.double().t()
-    ieee_ms, ieee = cublas(x, weight, tf32=False)
-    tf32_ms, tf32 = cublas(x, weight, tf32=True)
-    tiles: dict[str, dict[str, float]] = {}
-    out = x.new_empty(rows, width)
-    for tile in CANDIDATES:
-        if not tile.fits(width, depth):
-            continue
-        try:
-            ms = graph_ms(lambda tile=tile: tf32x3_linear(x, weight, tile, out))
-        except Exception as error:  # noqa: BLE001  a tile this GPU or Triton cannot build is reported
-            tiles[tile.name] = {"error": f"{type(error).__name__}: {error}"[:160]}
-            continue
-        tiles[tile.name] = {"ms": ms, "error_rel": relative_error(tf32x3_linear(x, weight, tile), exact)}
-    timed = {k: v for k, v in tiles.items() if "ms" in v}
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ieee_ms, timed_tiles = time_tiles(weight, rows)  # tiles that failed to build are left out
+    ieee = torch.nn.functional.linear(x, weight)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    tf32_ms, tf32 = graph_ms(lambda: torch.nn.functional.linear(x, weight)), torch.nn.functional.linear(x, weight)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    timed = {tile.name: {"ms": ms, "error_rel": relative_error(tf32x3_linear(x, weight, tile), exact)}
+             for tile, ms in timed_tiles.items()}
+    tiles = {**{t.name: {"error": "not built"} for t in CANDIDATES if t.fits(width, depth)}, **timed}
     best = min(timed, key=lambda k: timed[k]["ms"]) if timed else None
     return {
         "projection": name, "width": width, "depth": depth, "rows": rows,

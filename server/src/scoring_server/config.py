@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from scoring_plugin.absa.settings import OVERRIDES_KEY as ABSA_OVERRIDES_KEY
 from scoring_plugin.config_sections import DEFAULT_FULL_GRAPH_TOKENS
 from scoring_plugin.image_rank.settings import OVERRIDES_KEY as IMAGE_RANK_OVERRIDES_KEY
-from scoring_plugin.models import PACKABLE_ARCHITECTURES
+from scoring_plugin.models import PACKABLE_ARCHITECTURES, TF32X3
 from scoring_plugin.rerank.settings import OVERRIDES_KEY as RERANK_OVERRIDES_KEY
 from scoring_plugin.rerank.settings import RerankMode
 from scoring_server.security import AuthSettings, TlsSettings
@@ -96,7 +96,7 @@ class ModelSettings(BaseModel):
                 f"float32_matmul_precision {self.float32_matmul_precision!r} applies to dtype float32 only "
                 f"(this model is {self.dtype})"
             )
-        if self.float32_matmul_precision == "tf32x3" and not self.pack_pairs:
+        if self.float32_matmul_precision == TF32X3 and not self.pack_pairs:
             raise ValueError("float32_matmul_precision 'tf32x3' applies to packed models (pack_pairs) only")
         return self
 

@@ -60,7 +60,7 @@ CANDIDATES = (
 @triton.jit(do_not_specialize=["rows"])
 def _tf32x3_linear_kernel(
     x_ptr, w_ptr, out_ptr, rows, x_stride, out_stride,
-    WIDTH: tl.constexpr, DEPTH: tl.constexpr, PRECISION: tl.constexpr,
+    WIDTH: tl.constexpr, DEPTH: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     row, column, row_ok, x_tile, w_tile = operand_tiles(
@@ -68,24 +68,16 @@ def _tf32x3_linear_kernel(
     )
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for _ in range(0, DEPTH // BLOCK_K):
-        acc = tl.dot(tl.load(x_tile, mask=row_ok, other=0.0), tl.load(w_tile), acc, input_precision=PRECISION)
+        acc = tl.dot(tl.load(x_tile, mask=row_ok, other=0.0), tl.load(w_tile), acc, input_precision="tf32x3")
         x_tile += BLOCK_K
         w_tile += BLOCK_K
     tl.store(out_ptr + row[:, None] * out_stride + column[None, :], acc, mask=row_ok)
 
 
-# Triton's names: "tf32x3" is the one served; "ieee" and "tf32" are for the bench's comparison.
-PRECISIONS = ("tf32x3", "tf32", "ieee")
-
-
-def tf32x3_linear(
-    x: torch.Tensor, weight: torch.Tensor, tile: Tile, out: torch.Tensor | None = None, precision: str = "tf32x3",
-) -> torch.Tensor:
+def tf32x3_linear(x: torch.Tensor, weight: torch.Tensor, tile: Tile, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight.T`` for float32 ``x`` [rows, depth] (dense columns) and ``weight`` [width,
     depth] (dense), into ``out`` where given."""
     width, depth = weight.shape
-    if precision not in PRECISIONS:
-        raise ValueError(f"tf32x3_linear: precision must be one of {PRECISIONS}, not {precision!r}")
     if x.dtype != torch.float32 or weight.dtype != torch.float32 or not weight.is_contiguous():
         raise ValueError("tf32x3_linear: x and weight must be float32, the weight dense")
     if x.dim() != 2 or x.shape[1] != depth or x.stride(1) != 1:
@@ -97,7 +89,7 @@ def tf32x3_linear(
     grid = (tile.programs(rows, width),)
     _tf32x3_linear_kernel[grid](
         x, weight, out, rows, x.stride(0), out.stride(0),
-        WIDTH=width, DEPTH=depth, PRECISION=precision,
+        WIDTH=width, DEPTH=depth,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
