@@ -30,6 +30,12 @@
 #                                     # bench's) and 24576: c=16 and c=64, 20 documents (~5 min)
 #   sh bench/h200_rerank.sh fp32      # float32: ours IEEE, ours with 3xTF32 projections, vllm serve
 #                                     # /rerank (IEEE), c=1 and 16, 20 documents (~5 min)
+#   sh bench/h200_rerank.sh fp32-parity  # float32 with 3xTF32 projections against IEEE float32 and
+#                                     # the HF reference, packed, 4 queries x 20 documents; run after
+#                                     # `check` or `kernels`, which build the model (~2.5 min)
+#   sh bench/h200_rerank.sh gpu-tests # every GPU-only test of the plugin's kernels: segment attention,
+#                                     # Q/K norm + rotary, gate/up + activation, MLP fusions, 3xTF32
+#                                     # (needs the pytest, pluggy and iniconfig wheels in .whl) (~3 min)
 # The base build's wheels come from .whl-base, or the directory WHL_BASE names (relative to the
 # project's root), so one staging can hold two bases; WHL_BASE=.whl is an A/A run (this tree on
 # both sides: what the harness itself tilts between its two servers).
@@ -93,6 +99,16 @@ fp32)
     python3 rerank.py --dtype float32 --systems grpc,grpc-tf32x3,vllm --concurrency 1,16 --docs-sweep "" \
         --seconds-per-level 6 --work /tmp/bw --out "$OUT/fp32" 2>&1 | sed -n "/^| system/,\$p"
     grep -h "3xTF32" /tmp/bw/grpc-tf32x3-server.log | cut -c1-300 || true
+    ;;
+fp32-parity)
+    python3 -c "import json, rerank; print('\n'.join(json.dumps({'query': q, 'documents': d}) for q, d in rerank.make_requests(4, 20, seed=11)))" > /tmp/queries.jsonl
+    python3 -m scoring_server.parity --checkpoint /tmp/scoring-rerank-check/model-qwen3-0.6b-shaped --inputs /tmp/queries.jsonl \
+        --dtype float32 --float32-matmul-precision tf32x3 --pack-pairs \
+        --json "$OUT/rerank-parity-packed-fp32-tf32x3.json" 2>&1 | tail -30
+    ;;
+gpu-tests)
+    (cd .. && python3 -m pytest -q -p no:cacheprovider tests/test_gate_up_activation.py tests/test_mlp_fusions.py \
+        tests/test_tf32x3_gemm.py tests/test_segment_attention.py tests/test_qk_norm_rope.py -k "gpu or fused" 2>&1 | tail -6)
     ;;
 timeline)
     for c in 16 64; do
