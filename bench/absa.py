@@ -353,6 +353,8 @@ async def main_async(args: argparse.Namespace) -> Report:
         servers["grpc-piecewise"] = ours("grpc-piecewise", "grpc (ours, piecewise graphs only)", full_graph_tokens=0)
     if scenario.dtype == "float32":
         servers["grpc-tf32"] = ours("grpc-tf32", f"grpc (ours, {TF32})", matmul_precision="high")
+        servers["grpc-base-tf32"] = ours("grpc-base-tf32", f"grpc (ours, base: {Path(args.base_site or '-').name}, "
+                                         f"{TF32})", matmul_precision="high", site=args.base_site)
         if packed:
             servers["grpc-tf32x3"] = ours("grpc-tf32x3", "grpc (ours, 3xTF32 projections)", matmul_precision="tf32x3")
     systems = args.systems.split(",")
@@ -378,11 +380,12 @@ def main() -> None:
     parser.add_argument("--systems", default="hf,grpc,plugin,classify",
                         help="of hf,grpc,grpc-base,grpc-unpacked,grpc-piecewise,grpc-threads,grpc-frontends,plugin,"
                              "classify; "
-                             "fp32 also grpc-tf32,classify-tf32 (float32_matmul_precision high) and, packed, "
-                             "grpc-tf32x3 (float32_matmul_precision tf32x3)")
+                             "fp32 also grpc-tf32,grpc-base-tf32,classify-tf32 (float32_matmul_precision high) "
+                             "and, packed, grpc-tf32x3 (float32_matmul_precision tf32x3)")
     parser.add_argument("--frontends", type=int, default=4, help="front-end processes of grpc-frontends")
-    parser.add_argument("--base-site", help="grpc-base: our server with the packages installed in this directory "
-                                            "(pip install --target) first on its path: a baseline build, same run")
+    parser.add_argument("--base-site", help="grpc-base, grpc-base-tf32: our server with the packages installed in "
+                                            "this directory (pip install --target) first on its path: a baseline "
+                                            "build, same run")
     parser.add_argument("--channels", type=int, help="connections of grpc-frontends' client (default 4 per front-end)")
     parser.add_argument("--no-pack", action="store_true", help="our server without pair packing")
     parser.add_argument("--seconds-per-level", type=float, help="override the scenario's")
@@ -393,8 +396,8 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/scoring-bench")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
-    if "grpc-base" in args.systems.split(",") and not args.base_site:
-        parser.error("grpc-base needs --base-site")
+    if {"grpc-base", "grpc-base-tf32"} & set(args.systems.split(",")) and not args.base_site:
+        parser.error("grpc-base and grpc-base-tf32 need --base-site")
     report = asyncio.run(main_async(args))
     stem = f"absa-{report.scenario['name']}-{report.scenario['dtype']}"
     write_results(Path(args.out), stem, report, table(report))

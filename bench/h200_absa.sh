@@ -25,6 +25,10 @@
 #                                   # commit): host stage costs of both, then both servers up at
 #                                   # once, c=1 and 32 interleaved for AB_ROUNDS rounds (default 3),
 #                                   # the A/B table (~5 min); AB_SCENARIO=fp32 for the fp32 model
+#   sh bench/h200_absa.sh tf32-ab   # fp32 with TF32 matmuls, this tree against a base build (.whl-base),
+#                                   # both servers up at once, c=1 and 32 interleaved for AB_ROUNDS
+#                                   # rounds (default 3): is run11's TF32 c=1 (20.5 ms against run6's
+#                                   # 12.5) the code since run6 (base 25797e3) or the host? (~6 min)
 #   sh bench/h200_absa.sh rpc       # what a unary call pays for gRPC on this host: bare grpc.aio,
 #                                   # our interceptors, the base build's (.whl-base) and each part
 #                                   # alone (bench/rpc_overhead.py --breakdown, ~2 min)
@@ -105,6 +109,12 @@ ab)
         --scenario "${AB_SCENARIO:-bf16}" --concurrency 1,32 --seconds-per-level 8 --work /tmp/bw --out "$OUT/ab" \
         2>&1 | sed -n "/^| system/,\$p"
     grep -h "MLP fusions\|timings (ms)" /tmp/bw/absa-grpc-server.log | cut -c1-900 || true
+    ;;
+tf32-ab)
+    python3 -m pip install -q --no-deps --upgrade --target /tmp/site-base "../${WHL_BASE:-.whl-base}"/*.whl
+    python3 absa.py --scenario fp32 --systems grpc-tf32,grpc-base-tf32 --base-site /tmp/site-base \
+        --ab-rounds "${AB_ROUNDS:-3}" --concurrency 1,32 --seconds-per-level 6 --work /tmp/bw --out "$OUT/tf32-ab" \
+        2>&1 | sed -n "/^| system/,\$p"
     ;;
 rpc)
     python3 -m pip install -q --no-deps --upgrade --target /tmp/site-base "../${WHL_BASE:-.whl-base}"/*.whl

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import DEMO_DIR, REPO, tool_env
 
 
@@ -182,20 +183,33 @@ def test_a_system_the_run_cannot_serve_fails_before_any_runs(tmp_path: Path) -> 
         assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize(("script", "logs"), [("absa.py", ("absa-grpc-server.log", "absa-grpc-base-server.log")),
-                                              ("rerank.py", ("grpc-server.log", "grpc-base-server.log"))])
-def test_an_interleaved_ab_runs_both_builds_level_by_level(tmp_path: Path, script: str, logs: tuple[str, str]) -> None:
+@pytest.mark.parametrize(("script", "systems", "labels", "logs", "precision"), [
+    ("absa.py", "grpc,grpc-base", ("grpc (ours)", "grpc (ours, base: site-base)"),
+     ("absa-grpc-server.log", "absa-grpc-base-server.log"), None),
+    ("rerank.py", "grpc,grpc-base", ("grpc (ours)", "grpc (ours, base: site-base)"),
+     ("grpc-server.log", "grpc-base-server.log"), None),
+    # the smoke model is float32, so this is the TF32 A/B of `h200_absa.sh tf32-ab`
+    ("absa.py", "grpc-tf32,grpc-base-tf32",
+     ("grpc (ours, TF32 matmuls)", "grpc (ours, base: site-base, TF32 matmuls)"),
+     ("absa-grpc-tf32-server.log", "absa-grpc-base-tf32-server.log"), "high"),
+])
+def test_an_interleaved_ab_runs_both_builds_level_by_level(
+    tmp_path: Path, script: str, systems: str, labels: tuple[str, str], logs: tuple[str, str], precision: str | None
+) -> None:
     """--ab-rounds: both servers up at once, each level on one right after the other, which one
     first flipping from workload to workload and, for each workload, from round to round (an
     even number of workloads per round once gave each workload one order in every round), and
     the A/B table of per-round ratios with the order they ran in."""
     site, out, work = tmp_path / "site-base", tmp_path / "results", tmp_path / "work"
-    site.mkdir()  # the installed build again, under the base's name
-    done = _bench(script, "--cpu-smoke", "--systems", "grpc,grpc-base", "--base-site", str(site), "--ab-rounds", "2",
+    site.mkdir()  # the installed build again, under the base's name, announcing itself when imported
+    marker = tmp_path / "base-imported"
+    (site / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'a').write('imported\\n')\n")
+    done = _bench(script, "--cpu-smoke", "--systems", systems, "--base-site", str(site), "--ab-rounds", "2",
                   "--concurrency", "1,2", "--seconds-per-level", "1", "--out", str(out), "--work", str(work))
+    assert marker.read_text().startswith("imported")  # the base's server had the site first on its path
     (report_file,) = out.glob("*.json")
     levels = json.loads(report_file.read_text())["levels"]
-    tree, base = "grpc (ours)", "grpc (ours, base: site-base)"
+    tree, base = labels
     assert [(level["system"], level["concurrency"]) for level in levels] == [
         (f"{tree} #1", 1), (f"{base} #1", 1), (f"{base} #1", 2), (f"{tree} #1", 2),
         (f"{base} #2", 1), (f"{tree} #2", 1), (f"{tree} #2", 2), (f"{base} #2", 2)]
@@ -206,6 +220,9 @@ def test_an_interleaved_ab_runs_both_builds_level_by_level(tmp_path: Path, scrip
     assert len(rows["1"][3].split(",")) == 2  # a ratio per round
     assert rows["1"][5].strip() == "A, B" and rows["2"][5].strip() == "B, A"  # who ran first, per round
     assert all((work / name).exists() for name in logs)  # each server its own files
+    # both at the matmul precision the systems name (None: the server's default)
+    configs = [yaml.safe_load((work / name.replace(".log", ".yaml")).read_text()) for name in logs]
+    assert [config["models"][0].get("float32_matmul_precision") for config in configs] == [precision, precision]
 
 
 def test_an_interleaved_ab_takes_two_of_our_servers(tmp_path: Path) -> None:
