@@ -341,9 +341,10 @@ async def main_async(args: argparse.Namespace) -> Report:
     ) -> Callable[[], Awaitable[list[Level]]]:
         return lambda: bench_http(label, model, scenario, requests, work, extra, send, **options)
 
+    base = f"base: {Path(args.base_site or '-').name}"
     servers = {
         "grpc": ours("grpc", "grpc (ours)" if packed else "grpc (ours, unpacked)"),
-        "grpc-base": ours("grpc-base", f"grpc (ours, base: {Path(args.base_site or '-').name})", site=args.base_site),
+        "grpc-base": ours("grpc-base", f"grpc (ours, {base})", site=args.base_site),
         "grpc-threads": ours("grpc-threads", "grpc (ours, planning always in threads)", inline_plan_items=0),
         "grpc-frontends": ours("grpc-frontends", f"grpc (ours, {args.frontends} front-ends)",
                                frontends=args.frontends, channels=args.channels),
@@ -353,8 +354,8 @@ async def main_async(args: argparse.Namespace) -> Report:
         servers["grpc-piecewise"] = ours("grpc-piecewise", "grpc (ours, piecewise graphs only)", full_graph_tokens=0)
     if scenario.dtype == "float32":
         servers["grpc-tf32"] = ours("grpc-tf32", f"grpc (ours, {TF32})", matmul_precision="high")
-        servers["grpc-base-tf32"] = ours("grpc-base-tf32", f"grpc (ours, base: {Path(args.base_site or '-').name}, "
-                                         f"{TF32})", matmul_precision="high", site=args.base_site)
+        servers["grpc-base-tf32"] = ours("grpc-base-tf32", f"grpc (ours, {base}, {TF32})", matmul_precision="high",
+                                         site=args.base_site)
         if packed:
             servers["grpc-tf32x3"] = ours("grpc-tf32x3", "grpc (ours, 3xTF32 projections)", matmul_precision="tf32x3")
     systems = args.systems.split(",")

@@ -42,6 +42,17 @@
 set -eu
 . bench/h200_env.sh
 cd bench
+
+# packed_parity QUERIES JSON FLAGS...: scoring-parity on the packed path of the model `check` or
+# `kernels` built, QUERIES x 20 documents of the bench's requests, served with FLAGS
+packed_parity() {
+    queries=$1 json=$2
+    shift 2
+    python3 -c "import json, rerank; print('\n'.join(json.dumps({'query': q, 'documents': d}) for q, d in rerank.make_requests($queries, 20, seed=11)))" > /tmp/queries.jsonl
+    python3 -m scoring_server.parity --checkpoint /tmp/scoring-rerank-check/model-qwen3-0.6b-shaped --inputs /tmp/queries.jsonl \
+        "$@" --pack-pairs --json "$OUT/$json" 2>&1 | tail -30
+}
+
 case "$1" in
 kernel)
     (cd .. && python3 -m pytest -q -p no:cacheprovider tests/test_segment_attention.py tests/test_qk_norm_rope.py -k gpu 2>&1 | tail -5)
@@ -63,9 +74,7 @@ systems)
 variants)
     python3 rerank.py --systems grpc --grpc-engine-args '{"async_scheduling": true}' --work /tmp/bw \
         --out "$OUT/async" 2>&1 | tail -25
-    python3 -c "import json, rerank; print('\n'.join(json.dumps({'query': q, 'documents': d}) for q, d in rerank.make_requests(6, 20, seed=11)))" > /tmp/queries.jsonl
-    python3 -m scoring_server.parity --checkpoint /tmp/scoring-rerank-check/model-qwen3-0.6b-shaped --inputs /tmp/queries.jsonl \
-        --dtype bfloat16 --pack-pairs --json "$OUT/parity-packed-bf16.json" 2>&1 | tail -30
+    packed_parity 6 parity-packed-bf16.json --dtype bfloat16
     ;;
 full)
     python3 packed_step.py --out "$OUT" > "$OUT/packed-step.log" 2>&1 || true
@@ -101,10 +110,7 @@ fp32)
     grep -h "3xTF32" /tmp/bw/grpc-tf32x3-server.log | cut -c1-300 || true
     ;;
 fp32-parity)
-    python3 -c "import json, rerank; print('\n'.join(json.dumps({'query': q, 'documents': d}) for q, d in rerank.make_requests(4, 20, seed=11)))" > /tmp/queries.jsonl
-    python3 -m scoring_server.parity --checkpoint /tmp/scoring-rerank-check/model-qwen3-0.6b-shaped --inputs /tmp/queries.jsonl \
-        --dtype float32 --float32-matmul-precision tf32x3 --pack-pairs \
-        --json "$OUT/rerank-parity-packed-fp32-tf32x3.json" 2>&1 | tail -30
+    packed_parity 4 rerank-parity-packed-fp32-tf32x3.json --dtype float32 --float32-matmul-precision tf32x3
     ;;
 gpu-tests)
     (cd .. && python3 -m pytest -q -p no:cacheprovider tests/test_gate_up_activation.py tests/test_mlp_fusions.py \

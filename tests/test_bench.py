@@ -39,13 +39,19 @@ def _sent_tokens_per_pair(model: Path, docs_per_request: int, requests: int) -> 
     return sum(counts) / len(counts)
 
 
-def test_rerank_bench_cpu_smoke(tmp_path: Path) -> None:
-    out = tmp_path / "results"
-    # A "base build" that only announces itself: Python imports `sitecustomize` from the path at
-    # start, so the marker proves grpc-base's server had this directory first on its path.
+def _announcing_site(tmp_path: Path) -> tuple[Path, Path]:
+    """A "base build" that is the installed build again and only announces itself: Python imports
+    `sitecustomize` from the path at start, so the marker (the second path) proves a server had
+    this directory (the first) first on its path."""
     site, marker = tmp_path / "site-base", tmp_path / "base-imported"
     site.mkdir()
     (site / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'a').write('imported\\n')\n")
+    return site, marker
+
+
+def test_rerank_bench_cpu_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    site, marker = _announcing_site(tmp_path)
     done = _bench("rerank.py", "--cpu-smoke", "--systems", "hf,grpc-base,grpc,grpc-threads,grpc-tf32x3,vllm,plugin",
                   "--base-site", str(site),
                   "--out", str(out), "--work", str(tmp_path / "work"), "--docs", "3", "--docs-sweep", "1")
@@ -200,10 +206,8 @@ def test_an_interleaved_ab_runs_both_builds_level_by_level(
     first flipping from workload to workload and, for each workload, from round to round (an
     even number of workloads per round once gave each workload one order in every round), and
     the A/B table of per-round ratios with the order they ran in."""
-    site, out, work = tmp_path / "site-base", tmp_path / "results", tmp_path / "work"
-    site.mkdir()  # the installed build again, under the base's name, announcing itself when imported
-    marker = tmp_path / "base-imported"
-    (site / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'a').write('imported\\n')\n")
+    out, work = tmp_path / "results", tmp_path / "work"
+    site, marker = _announcing_site(tmp_path)
     done = _bench(script, "--cpu-smoke", "--systems", systems, "--base-site", str(site), "--ab-rounds", "2",
                   "--concurrency", "1,2", "--seconds-per-level", "1", "--out", str(out), "--work", str(work))
     assert marker.read_text().startswith("imported")  # the base's server had the site first on its path
