@@ -1,14 +1,15 @@
 """Every pair of a call in one engine request, with attention that never crosses pairs.
 
-vLLM's per-request cost (scheduling, IPC, output handling) was the wall of the one-request-per-pair
-path on the H200, not the forward pass. A causal cross-encoder allows more than packing: every pair
-of a call starts with the same head (prompt prefix + query), and a causal model's states for those
-tokens cannot depend on what follows. So a packed rerank request is the head once, then each
-pair's remainder (document + suffix), and its *layout* ``[head_len, segment_len, ...]`` travels in
-the request's pooling parameters. The packed model attends from each segment to the head and to
-the segment itself only, with the positions the pair would have alone: exactly the arithmetic of
-the pair scored by itself, minus the repeated head. A bidirectional encoder (ABSA) shares nothing:
-its layouts have an empty head, and each segment is a whole pair.
+vLLM's per-request cost (scheduling, IPC, output handling), not the forward pass, bounds a
+one-request-per-pair path: it is paid once per pair. A causal cross-encoder allows more than
+packing: every pair of a call starts with the same head (prompt prefix + query), and a causal
+model's states for those tokens cannot depend on what follows. So a packed rerank request is the
+head once, then each pair's remainder (document + suffix), and its *layout*
+``[head_len, segment_len, ...]`` travels in the request's pooling parameters. The packed model
+attends from each segment to the head and to the segment itself only, with the positions the pair
+would have alone: exactly the arithmetic of the pair scored by itself, minus the repeated head. A
+bidirectional encoder (ABSA) shares nothing: its layouts have an empty head, and each segment is a
+whole pair.
 
 This module holds both halves: :func:`pack` (IO processor side) and :class:`AttentionPlan` (model
 side: which keys each query group may read, the positions, where each segment's score is read).
@@ -103,10 +104,10 @@ class AttentionPlan:
     def build(cls, layouts: Sequence[Sequence[int]]) -> AttentionPlan:
         """Layouts of the step's requests, in the order of their tokens.
 
-        The engine core builds a plan every step, on the c=1 path, where the H200 host runs
-        each array operation several times slower than back to back (a step finds the core's
-        caches cold: ``bench/absa_host_costs.py``). So a fixed number of operations whatever
-        the number of requests, and fewer still where no request has a head (ABSA)."""
+        The engine core builds a plan every step, on the c=1 path, where each array operation
+        costs several times what it does back to back (a step finds the core's caches cold). So
+        a fixed number of operations whatever the number of requests, and fewer still where no
+        request has a head (ABSA)."""
         if all(layout[0] == 0 for layout in layouts):
             return cls.whole_pairs(layouts)
         return cls.general(layouts)

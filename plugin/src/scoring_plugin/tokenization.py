@@ -27,8 +27,8 @@ def read_only(tokenizer: Any) -> Any:
 
 def encode_texts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
     """Token ids of each text, no special tokens. With a Rust tokenizer this asks the backend
-    directly for ids alone (no offsets, no wrapper objects): on the benchmark's 20-document
-    calls a third less CPU than the wrapper's call, which was most of a call's host time."""
+    directly for ids alone (no offsets, no wrapper objects): the wrapper's call builds Python
+    objects the caller never reads, and tokenization is most of a call's host time."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or backend.truncation is not None or backend.padding is not None:
         return [list(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
@@ -39,8 +39,8 @@ def encode_texts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
 def encode_pairs(tokenizer: Any, pairs: Sequence[tuple[str, str]]) -> list[Any]:
     """The backend's encodings (``ids``, ``offsets``, ``sequence_ids``) of each (first, second)
     pair, special tokens added. The wrapper's call builds Python lists for every field of every
-    pair while holding the GIL: on packed ABSA calls that was more host time than the model's
-    step, and the GIL is what every planning thread and the event loop share."""
+    pair while holding the GIL: on packed ABSA calls that can outweigh the model's step, and
+    the GIL is what every planning thread and the event loop share."""
     backend = tokenizer.backend_tokenizer
     if backend.truncation is not None or backend.padding is not None:
         raise ValueError("encode_pairs needs a tokenizer cleared by read_only()")

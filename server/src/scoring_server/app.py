@@ -61,7 +61,7 @@ class EngineFailure(RuntimeError):
 
 
 def interceptors(auth: AuthSettings) -> list[grpc.aio.ServerInterceptor]:
-    """What every call passes through (bench/rpc_overhead.py times them). Telemetry outermost:
+    """What every call passes through, so each adds to every call's latency. Telemetry outermost:
     it sees the status the others produced, refusals included."""
     chain: list[grpc.aio.ServerInterceptor] = [TelemetryInterceptor()]
     if auth.enabled:
@@ -139,9 +139,9 @@ class ScoringServer:
             )
             logger.info("metrics on http://%s:%d/metrics", self.settings.host, bound)
         await self.registry.start_all(self._on_model_ready)
-        # The startup heap (vLLM, torch, transformers, grpc: ~700k objects) never becomes
-        # garbage; left to the collector, every full collection walks it and stops the event
-        # loop for it (bench/gc_pause.py). Frozen, as vLLM's own API server and engine core do.
+        # The startup heap (vLLM, torch, transformers, grpc: a very large object graph) never
+        # becomes garbage; left to the collector, every full collection walks it and stops the
+        # event loop for it. Frozen, as vLLM's own API server and engine core do.
         freeze_gc_heap()
         await self.health.set("", SERVING)
 

@@ -1,7 +1,8 @@
 """Server and per-model settings: a YAML file, ``SCORING_*`` environment variables, CLI flags.
 
-dtype has no default and no "auto": an fp32 model silently run in fp16 once produced a fake
-13x speed-up, so the operator states the precision and every response reports it.
+dtype has no default and no "auto": an fp32 model silently run in fp16 looks like a large
+speed-up that is really a precision change, so the operator states the precision and every
+response reports it.
 """
 
 from __future__ import annotations
@@ -72,11 +73,11 @@ class ModelSettings(BaseModel):
     # the server sets for this model's engine whatever its own environment holds): "highest" is
     # IEEE fp32; "high" TF32 tensor cores (fp32 storage and accumulation, 10-bit mantissa
     # products); "medium" bf16 products. An explicit trade, reported by GetInfo and /metrics:
-    # strict fp32 GEMMs bound an 8-pair ModernBERT-large step to ~13 ms on the H200
-    # (bench/README.md). "tf32x3": a packed model's projections as Triton GEMMs of three TF32
-    # products each (each operand's TF32 rounding and remainder), at the step sizes where that
-    # timed faster than cuBLAS at start-up, every other matmul IEEE: within ~3e-7 of a float64
-    # product where cuBLAS's IEEE GEMM is within ~1e-6 (bench/results/fp32-gemm-h200-run11.md).
+    # strict fp32 GEMMs run on CUDA cores, not tensor cores, and dominate a ModernBERT-large
+    # ABSA step (see docs/decisions/). "tf32x3": a packed model's projections as Triton GEMMs of
+    # three TF32 products each (each operand's TF32 rounding and remainder), at the step sizes
+    # where that timed faster than cuBLAS at start-up, every other matmul IEEE: about as close
+    # to a float64 product as cuBLAS's IEEE GEMM (see docs/decisions/).
     # dtype float32 only: the others have no fp32 matmuls to relax.
     float32_matmul_precision: Float32MatmulPrecision = "highest"
     # Passed to vLLM's AsyncEngineArgs unchanged (enforce_eager, tensor_parallel_size, ...).
@@ -177,7 +178,8 @@ class ServerSettings(BaseSettings):
     # thread. Image calls always load in threads.
     inline_plan_items: int = Field(default=32, ge=0)
     # gRPC front-end processes sharing each model's engine core (vLLM's `--api-server-count`).
-    # One process's event loop handles ~300-500 small calls/s; more front-ends multiply that.
+    # One process's event loop (one core, GIL-bound) caps the small calls it can serve; more
+    # front-ends multiply that.
     # The kernel spreads *connections* over them (SO_REUSEPORT), so a client needs several
     # channels, or a balancer that spreads calls, to use them all. Admission limits hold per
     # front-end.

@@ -173,10 +173,10 @@ def _packed_engine_args(settings: ModelSettings) -> dict[str, object]:
 
 # Defaults a deployment's engine_args may override. vLLM turns async scheduling off for pooling
 # models (it costs one-request-per-pair serving); a packed step is one call's whole forward, and
-# scheduling the next step while the GPU runs this one was measured on the H200: c=1 p50 17.5 ->
-# 15.4 ms, c=16 3,191 -> 3,488 pairs/s (bench/results/rerank-h200-run7-*). It changes when a
-# step is scheduled, not what it computes: the H200 parity run with it on gave run7's sync
-# numbers (bench/results/rerank-check-h200-async-bf16.json).
+# scheduling the next step while the GPU runs this one hides the scheduler's host time behind
+# the GPU's, for lower latency alone and more throughput under load (measured by
+# bench/rerank.py; results in docs/performance.md). It changes when a step is scheduled, not
+# what it computes: the parity check (bench/rerank_check.py) scores the same with it on or off.
 _PACKED_DEFAULT_ARGS: dict[str, object] = {"async_scheduling": True}
 
 # A packed engine's requests are longer than one pair's positions (each pair restarts at 0), and
@@ -228,8 +228,9 @@ def environment(settings: ModelSettings) -> dict[str, str]:
 
 
 def _start(model: ServedModel) -> None:
-    # The server context picks the engine defaults `vllm serve` gets (on an H200: 8192 batched
-    # tokens per step, not the library's 2048, which split a 20-document request over two steps).
+    # The server context picks the engine defaults `vllm serve` gets (on a large-memory GPU: 8192
+    # batched tokens per step, not the library's 2048, which would split a 20-document request
+    # over two steps).
     with engine_environment(environment(model.settings)):
         engine = _connect(model.settings, model.slot) if model.slot else AsyncLLM.from_engine_args(
             engine_args(model.settings), usage_context=UsageContext.OPENAI_API_SERVER

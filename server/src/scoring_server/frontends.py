@@ -1,12 +1,11 @@
 """Several gRPC front-end processes sharing each model's engine core (`frontends` > 1).
 
 One process's event loop (gRPC, protobuf, tokenization hand-offs, the engine client's output
-handling) tops out at a few hundred small calls per second while the engine core and the GPU
-still have room: ABSA on the H200 ran the loop at ~2 busy cores (GIL-bound) against the engine
-core's 0.7. As vLLM's `--api-server-count` does for its HTTP server, this supervisor binds each
-engine's ZMQ listeners, spawns the front-ends (each a whole `ScoringServer` on the same port,
-SO_REUSEPORT) and launches each model's engine core; every front-end is one client of every
-engine, through vLLM's own multi-client wiring.
+handling) is GIL-bound: on small calls it saturates while the engine core and the GPU still have
+room (see docs/decisions/). As vLLM's `--api-server-count` does for its HTTP server, this
+supervisor binds each engine's ZMQ listeners, spawns the front-ends (each a whole `ScoringServer`
+on the same port, SO_REUSEPORT) and launches each model's engine core; every front-end is one
+client of every engine, through vLLM's own multi-client wiring.
 
 The supervisor owns the lifecycle: SIGTERM goes on to the front-ends (each drains as a lone
 server does), then the engines stop. A front-end or engine that dies takes the server down

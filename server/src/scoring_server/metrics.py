@@ -18,7 +18,8 @@ from prometheus_client.registry import Collector
 from scoring_plugin.io_processors.reranker import RerankerIOProcessor
 from scoring_server.engines import ModelRegistry
 
-# Latency buckets from 1 ms to 10 s: a search request's whole budget is tens of milliseconds.
+# Latency buckets from a millisecond to ten seconds: a search request's whole budget is tens of
+# milliseconds.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 STAGES = ("parse", "preprocess", "engine", "postprocess")
 

@@ -37,8 +37,8 @@ def best_spans(
     max_span_tokens: int,
 ) -> list[TokenSpan | None]:
     """:func:`best_span` of every pair of a call in one set of array operations: the server's
-    event loop decodes every call, and per-pair numpy calls were most of its time per ABSA call
-    on the H200 host (bench/results/host-profile-h200.md).
+    event loop decodes every call, and per-pair numpy calls (each a fixed overhead far above
+    its arithmetic here) would dominate its time per ABSA call (see docs/decisions/).
 
     The logits are those of all the call's tokens, end to end (a packed request's as the model
     returns them), and ``reviews`` each pair's [lo, hi) among them; spans come back in the same

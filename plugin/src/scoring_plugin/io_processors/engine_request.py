@@ -14,7 +14,7 @@ class EngineRequest:
     """``prompt``: token ids as vLLM's rendered input, or a prompt with multimodal data for the
     renderer. ``AsyncLLM`` processes rendered input on the calling thread; a raw prompt goes to
     the renderer's worker thread first, a thread hop per engine request that a c=1 call waits
-    for (on the dev machine ~37 us of processing took ~150 us through it)."""
+    for and that costs several times the processing it wraps."""
 
     prompt: TokensInput | TokensPrompt
     params: PoolingParams

@@ -2,21 +2,19 @@
 epilogue applies the activation: SiLU (Qwen3's SwiGLU) or GELU, exact or tanh (ModernBERT's GeGLU).
 
 cuBLAS writes the whole [tokens, 2 x intermediate] product and vLLM's ``silu_and_mul`` /
-``gelu_and_mul`` reads it back to write half of it: at 16k tokens on the H200 (Qwen3-0.6B shapes)
-that second pass took 76 us per layer, 2.1 ms of a 32 ms rerank step
-(``bench/results/packed-step-h200-bf16.md``), at the memory bound. Here a program accumulates a
-tile of gate columns and the matching up columns (the two halves of vLLM's merged weight) and
-writes their product only, in one rounding from fp32 (the unfused path rounds the projections
-first: the two differ by about one bf16 rounding).
+``gelu_and_mul`` reads it back to write half of it: a second, memory-bound pass over the layer's
+largest activation, paid in every layer of every large step (see docs/decisions/). Here a program
+accumulates a tile of gate columns and the matching up columns (the two halves of vLLM's merged
+weight) and writes their product only, in one rounding from fp32 (the unfused path rounds the
+projections first: the two differ by about one bf16 rounding).
 
-Whether it beats cuBLAS + the activation kernel depends on the GPU, the shapes and the token
-count, so it is never assumed: :func:`choose_tiles` times the candidate tilings against that pair
-on this GPU at a few token counts, once at start-up, and a step uses the kernel only where it won
-by a margin (:class:`GateUpActivation`). On the H200, timed as graphs replay them, it comes
-within 5% of cuBLAS + the activation at Qwen3-0.6B's shapes and loses by 16-20% from 1,024
-tokens at ModernBERT-large's (``bench/results/mlp-fusions-*-h200-run*-bf16.md``). The server
-imports this module only on CUDA (fp16/bf16); the tests run the kernel on the CPU through
-Triton's interpreter.
+Whether it beats cuBLAS + the activation kernel depends on the GPU, the shapes and the token count,
+so it is never assumed: :func:`choose_tiles` times the candidate tilings against that pair on this
+GPU at a few token counts, once at start-up, and a step uses the kernel only where it won by a
+margin (:class:`GateUpActivation`). On one GPU it can about tie at one model's shapes and lose at
+another's, so any fixed choice would be wrong somewhere (see docs/decisions/). The server imports
+this module only on CUDA (fp16/bf16); the tests run the kernel on the CPU through Triton's
+interpreter.
 """
 
 from __future__ import annotations

@@ -28,9 +28,9 @@ K = TypeVar("K")
 def graph_ms(run: Callable[[], object], calls: int = 10, replays: int = 5) -> float:
     """GPU time of one call of ``run`` in milliseconds, as a CUDA graph replays it: the served
     steps run these kernels inside graphs (whole-step or piecewise), so what counts is the GPU's
-    time alone. Timed one call at a time instead, a small kernel's launch (tens of us of host
-    work, longer than the kernel itself at a few hundred tokens) sat between the two events and
-    decided the choice. Median over ``replays`` replays of ``calls`` calls captured back to back."""
+    time alone. Timed one call at a time instead, a small kernel's launch (host work longer than
+    the kernel itself at a few hundred tokens) sits between the two events and decides the
+    choice. Median over ``replays`` replays of ``calls`` calls captured back to back."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # compiles, tunes, sets up cuBLAS's workspace: never in a capture

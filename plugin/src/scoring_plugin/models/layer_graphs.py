@@ -2,8 +2,8 @@
 
 The packed models run their transformer in the pooler (the only place that sees per-request
 parameters), where vLLM's CUDA graphs never reach. Eager, a 28-layer stack issues about 450
-kernel launches per step, each with its Python and dispatch cost: on the H200 that fixed cost,
-not the arithmetic, set the latency of a small rerank call. Attention's query groups and key
+kernel launches per step, each with its Python and dispatch cost: that fixed cost, not the
+arithmetic, sets the latency of a small rerank call. Attention's query groups and key
 ranges change every step, everything between two attentions does not: at a bucketed token count
 the pieces are replayed as graphs and only the attention runs eagerly, the way vLLM's own
 piecewise mode splits a compiled model at its attention ops. (Small steps go further and are
@@ -127,10 +127,11 @@ def token_buckets(max_tokens: int, smallest: int = 16) -> list[int]:
     with its padding: at most an eighth), 32 from 8,192 (a bucket every 256 tokens or more),
     multiples of 8, up to and including ``max_tokens``.
 
-    The large steps are the loaded server's: a rerank call is one request of ~2,600 tokens and a
-    step takes as many whole calls as fit, so its size falls anywhere between 13k and 16k. With
-    an eighth, ~3% of such a step's rows were padding (calls drawn like the rerank bench's);
-    with 256-token buckets, under 1%, for 24 more buckets to capture at start-up."""
+    The large steps are the loaded server's: a rerank call is one request of a few thousand
+    tokens and a step takes as many whole calls as fit, so its size falls anywhere in the last
+    call's worth below the step's token budget. Buckets an eighth apart would pad such a step by
+    several percent on average; 256-token buckets pad it by at most 256 rows, for 24 more
+    buckets to capture at start-up."""
     sizes: set[int] = set()
     octave = smallest
     while octave < max_tokens:

@@ -43,8 +43,8 @@ ResidualPath = tuple[Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor],
 
 # Per step size timed, whether the projections add into the residual inside their GEMMs
 # (read with :func:`~.kernel_choice.planned`). One GEMM's epilogue against a separate pass over
-# the stream trades differently with the step's size: on the H200, Qwen3-0.6B's output
-# projection lost at 512 tokens and won by 11% at 16,384.
+# the stream trades differently with the step's size: the same projection can lose in small
+# steps and win in large ones, so the choice is per step size (see docs/decisions/).
 ResidualPlan = tuple[tuple[int, bool], ...]
 RESIDUAL_UNFUSED: ResidualPlan = ((1, False),)
 

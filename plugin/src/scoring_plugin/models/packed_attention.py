@@ -54,8 +54,8 @@ class DevicePlan:
     def of(cls, plan: AttentionPlan, device: torch.device, dtype: torch.dtype | None = None) -> DevicePlan:
         """Built once per step: the plan's arrays reach the GPU in one copy. ``dtype``: the
         layers' activations; where the segment kernel runs them, the keys are described by
-        their starts instead of gather indices (`bench/attention_variants.py`: the gather was a
-        sixth of a large step's attention; the kernel reads the rows in place)."""
+        their starts instead of gather indices: a gather copies every group's keys again in
+        each layer, while the kernel reads the rows in place."""
         arrays = [plan.positions, plan.score_rows, plan.cu_q, plan.cu_k]
         if dtype is not None and segments_run(device, dtype):
             positions, score_rows, cu_q, cu_k, key_starts = to_device([*arrays, plan.key_starts()], device)
@@ -77,11 +77,12 @@ def byte_spans(sizes: Sequence[int]) -> list[tuple[int, int]]:
 def staged(arrays: Sequence[np.ndarray]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
     """The arrays back to back in one host byte buffer, and each one's (offset, byte size).
 
-    A step's plan goes to the GPU as one copy instead of one per array (each a driver call on
-    the engine core's step, ``bench/absa_host_costs.py``). Pageable, not pinned: a pinned
-    buffer per step measured slower on the H200 host (the caching host allocator's
-    bookkeeping), and from pageable memory an asynchronous copy returns once the driver has
-    staged the bytes, without a device synchronisation, so the buffer's lifetime needs no care."""
+    A step's plan goes to the GPU as one copy instead of one per array (each a driver call on the
+    engine core's step, which every request of the step waits for). Pageable, not pinned: a pinned
+    buffer per step costs more than it saves at these sizes (the caching host allocator's
+    bookkeeping; see docs/decisions/), and from pageable memory an asynchronous copy returns once
+    the driver has staged the bytes, without a device synchronisation, so the buffer's lifetime
+    needs no care."""
     spans = byte_spans([array.nbytes for array in arrays])
     host = np.empty(spans[-1][0] + spans[-1][1], dtype=np.uint8)
     for array, (start, size) in zip(arrays, spans):

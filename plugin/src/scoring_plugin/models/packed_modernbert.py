@@ -1,9 +1,9 @@
 """A ModernBERT ABSA model that analyses every pair of a packed request (see
 :mod:`scoring_plugin.packing`) with attention kept inside each pair.
 
-Same checkpoint as ``ModernBertForAspectSentiment``. One pair per engine request cost a call of
-8 pairs two engine steps and ~35 ms on the H200, most of it vLLM's per-request path; packed, a
-call is one request and one step. As in :mod:`scoring_plugin.models.packed_qwen3`, ``forward``
+Same checkpoint as ``ModernBertForAspectSentiment``. One pair per engine request pays vLLM's
+per-request path once per pair and can split a call over several engine steps; packed, a call
+is one request and one step. As in :mod:`scoring_plugin.models.packed_qwen3`, ``forward``
 only embeds (the layout of a request reaches the pooler alone) and the pooler runs the encoder:
 bidirectional attention within each pair, ModernBERT's local layers within their window, the
 positions each pair would have alone, on CUDA as piecewise graphs between attentions. The

@@ -1,12 +1,11 @@
 """Qwen3's per-head RMSNorm and rotary embedding as one Triton kernel, in place on a slice of the
 fused QKV projection.
 
-vLLM's fused kernel (``_C::fused_qk_norm_rope``) took 88.6 us per layer at 16k tokens on the H200
-(``bench/results/packed-step-h200-bf16.md``), about twice the time to read and write Q and K
-once (~42 us for 200 MB): 2.5 ms of a 32 ms packed rerank step. This kernel is closer to the
-memory bound (run15: 65 us for Q and K, 3.1 TB/s): a program takes a block of rows, loads their
-positions and rotary rows once, and normalises and rotates every head of them (neox style: the
-two halves of a head rotate together), in fp32, writing back once, as vLLM's fused kernel does.
+vLLM's fused kernel (``_C::fused_qk_norm_rope``) runs well short of the memory bound (the time to
+read and write Q and K once), and it runs in every layer of a large packed rerank step (see
+docs/decisions/). This kernel is closer to that bound: a program takes a block of rows, loads their
+positions and rotary rows once, and normalises and rotates every head of them (neox style: the two
+halves of a head rotate together), in fp32, writing back once, as vLLM's fused kernel does.
 
 It runs on K alone where the segment attention kernel applies the same arithmetic to Q as it
 loads it (:mod:`.segment_attention`: Q is then read once and never written back), and on Q
@@ -24,10 +23,10 @@ import triton
 import triton.language as tl
 
 # Head rows per program (rows x heads), with 4 warps. Q and K together at 16 rows (384 head rows)
-# were what the run15 A/B served; K alone beside the segment kernel (8 heads) was fastest at 32
-# rows at 8-16k tokens (`bench/attention_variants.py`, run16: 22.2 against 31.4 us at 16 rows),
-# Q alone (16 heads, whole-step graphs) keeps 16. At these sizes no program holds more than
-# run15's, so a small step's programs are no slower than those the A/B measured.
+# is the configuration compared against vLLM's kernel; K alone beside the segment kernel (8
+# heads) is fastest at 32 rows in large steps (see docs/decisions/), Q alone (16 heads,
+# whole-step graphs) keeps 16. At these sizes no program holds more head rows than that compared
+# configuration, so a small step's programs are no slower than the ones compared.
 HEAD_ROWS = 256
 
 

@@ -1,15 +1,14 @@
 """Causal pair attention as one Triton kernel, shaped for packed rerank steps.
 
-A packed rerank step is many short query groups (a ~135-token segment each) that read a short
-shared head (their request's prompt prefix and query) in full, then their own rows causally.
-flash-attention runs that as a general varlen problem: 128-row query tiles (the second one of a
-135-row segment is nearly empty), and the head's keys reached through a gather or a page table.
-On the H200 that left a 16k-token step's attention at ~6% of the GPU's bf16 FLOPs and ~4x its
-memory bound (``bench/attention_variants.py``). This kernel knows the shape: a program per
-(query block, query head, group) reads the head's rows where they are (one contiguous run
-starting at the group's first key row), then its own rows up to the diagonal, with smaller
-tiles. The grid orders a group's programs next to each other, so its keys come from L2 after
-the first read.
+A packed rerank step is many short query groups (a document segment of a little over a hundred
+tokens each) that read a short shared head (their request's prompt prefix and query) in full, then
+their own rows causally. flash-attention runs that as a general varlen problem: 128-row query tiles
+(the second one of a segment just past 128 rows is nearly empty), and the head's keys reached
+through a gather or a page table. That leaves a large step's attention far from both the GPU's bf16
+FLOPs and its memory bound (see docs/decisions/). This kernel knows the shape: a program per (query
+block, query head, group) reads the head's rows where they are (one contiguous run starting at the
+group's first key row), then its own rows up to the diagonal, with smaller tiles. The grid orders a
+group's programs next to each other, so its keys come from L2 after the first read.
 
 Where the layer hands over Q before its per-head RMSNorm and rotary (Qwen3), the kernel applies
 them as it loads a Q tile, with the arithmetic of :mod:`.qk_norm_rope`: Q is read once and
@@ -21,8 +20,7 @@ group ``g``'s keys are ``k_len - q_len`` prefix rows from ``key_starts[g]`` (non
 a headless pair), then its own ``q_len`` rows, causally aligned to the group's end.
 
 The server imports it only where it runs (CUDA, fp16/bf16). On the CPU the tests run it through
-Triton's interpreter (``TRITON_INTERPRET=1``), and ``bench/segment_kernel_resources.py`` compiles
-it for sm_90 without a GPU.
+Triton's interpreter (``TRITON_INTERPRET=1``).
 """
 
 from __future__ import annotations
@@ -47,13 +45,12 @@ class Tiling:
     and ``end_aligned`` query blocks counted from a group's last row, so the short block is its
     first rows, which meet the fewest keys.
 
-    The defaults are the served shape: the fastest of the 19 tilings `bench/attention_variants.py`
-    tried on the H200 at every step size (run15, rerank's shapes; 16k tokens: 106 us per layer
-    against 142 for the 64x32 single-head tiles served before). 32-row blocks waste fewer masked
-    rows on a ~135-row segment than 64-row ones, stacking two heads loads each K/V tile once for
-    both, one pipeline stage (a group's loops meet one to five key tiles) lets an SM hold three
-    programs (`bench/segment_kernel_resources.py`), and end alignment puts the short block where
-    there are fewest keys."""
+    The defaults are the served shape: the fastest of the tilings compared at every step size
+    with rerank's shapes, ahead of the 64x32 single-head tiles (see docs/decisions/). 32-row
+    blocks waste fewer masked rows on a segment just past 128 rows than 64-row ones, stacking
+    two heads loads each K/V tile once for both, one pipeline stage (a group's loops meet one to
+    five key tiles) keeps each program's shared memory small enough for an SM to hold three,
+    and end alignment puts the short block where there are fewest keys."""
 
     block_m: int = 32
     block_n: int = 32
@@ -96,7 +93,8 @@ def _norm_rope_tile(q_rows, head_offset, row_ok, position, weight_ptr, cos_sin_p
     :mod:`~scoring_plugin.models.qk_norm_rope` (fp32, one rounding to Q's dtype), from Q's rows
     as two halves (each dimension rotates with the one half a head away), interleaved back into
     one tile for the dot products. Halves keep the fp32 temporaries at a quarter of the tile
-    each: with whole-width ones the kernel needed 223 registers, one program fewer per SM."""
+    each: whole-width ones raise the kernel's register use enough to fit one program fewer per
+    SM."""
     half_dims = tl.arange(0, HALF_DIM)
     low_ptr = q_rows + head_offset + half_dims[None, :]
     low = tl.load(low_ptr, mask=row_ok[:, None], other=0.0)

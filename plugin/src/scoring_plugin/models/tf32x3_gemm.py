@@ -1,14 +1,14 @@
 """float32 projections on tensor cores at float32 accuracy: ``x @ weight.T`` as a Triton GEMM
 whose dots run as three TF32 products (the "3xTF32" split: each operand is its TF32 rounding
 plus the TF32 rounding of the remainder; the big x big, big x small and small x big products are
-summed in fp32, only small x small, ~2^-22 of a product, is dropped).
+summed in fp32, only small x small, of the order of 2^-22 of a product, is dropped).
 
-Why: IEEE fp32 GEMMs run on CUDA cores, and an 8-pair ABSA step (544 rows) spent 11.3 of its
-13.6 ms there at ~33 of the H200's 67 TFLOP/s (``bench/README.md``, ABSA run6). TF32 alone
-(``float32_matmul_precision: high``) made the call 1.8x faster but moves outputs by ~1e-4,
-which is not the reference's precision. Three TF32 products cost three times TF32's tensor-core
-work, still several times what CUDA cores deliver, with products accurate to about fp32's own
-rounding (``bench/fp32_gemm.py`` measures both against a float64 product).
+Why: IEEE fp32 GEMMs run on CUDA cores, at a fraction of the throughput of the tensor cores, so an
+fp32 ABSA step spends most of its time in them (see docs/decisions/). TF32 alone
+(``float32_matmul_precision: high``) is much faster but rounds operands to TF32's 10-bit mantissa,
+which moves outputs far beyond the reference's precision. Three TF32 products cost three times
+TF32's tensor-core work, still several times what CUDA cores deliver, with products accurate to
+about fp32's own rounding (both compared against a float64 product: see docs/decisions/).
 
 Whether it wins depends on the GPU, shape and step size, so it is never assumed: the server
 times it against cuBLAS's IEEE GEMM at start-up and serves it only where it won. The server
@@ -97,9 +97,9 @@ def tf32x3_linear(x: torch.Tensor, weight: torch.Tensor, tile: Tile, out: torch.
 
 
 # A served tile's worst difference from cuBLAS's IEEE GEMM on a probe, relative to the largest
-# value. Measured on the H200 against a float64 product, both are within ~3e-6 of it
-# (``bench/results/fp32-gemm-h200-run11.md``); TF32 alone is ~3e-4 off, so a kernel that silently
-# fell back to one TF32 product is refused, as is a wrong wiring.
+# value. Against a float64 product both stay well inside it, while one TF32 product (a 10-bit
+# mantissa) lands far outside (see docs/decisions/), so a kernel that silently fell back to one
+# TF32 product is refused, as is a wrong wiring.
 ACCURACY_TOLERANCE = 1e-5
 
 # Per step size timed, the tile that serves it (None: cuBLAS's IEEE GEMM); read with ``planned``.

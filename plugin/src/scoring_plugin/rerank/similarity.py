@@ -34,7 +34,7 @@ def max_sim(query_tokens: torch.Tensor, document_tokens: torch.Tensor) -> float:
 
 def activate(raw: float, activation: Activation) -> float:
     if activation is Activation.SIGMOID:
-        # Written to stay finite for any finite logit (math.exp overflows past ~709).
+        # Written to stay finite for any finite logit (math.exp overflows past ln(DBL_MAX), 709.78).
         if raw >= 0:
             return 1.0 / (1.0 + math.exp(-raw))
         e = math.exp(raw)

@@ -1,0 +1,113 @@
+"""`scoring-parity`, the conversion check users run on their checkpoints, run here on the demo
+checkpoints: ABSA on 420 generated pairs (the issue's bar: at least 400) for both encoders, and
+a rerank cross-encoder. Each run starts real CPU engines (fp32, and bf16 where reported)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from support.servers import venv_tool
+from scoring_server.demo.absa import sample_absa_pairs
+from scoring_server.parity.cli import failures
+
+PAIRS = 420
+
+
+def _run(tmp_path: Path, checkpoint: str, rows: list[dict], *args: str) -> tuple[dict, str]:
+    inputs = tmp_path / "inputs.jsonl"
+    inputs.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows))
+    report = tmp_path / "report.json"
+    done = subprocess.run(
+        [venv_tool("scoring-parity"), "--checkpoint", checkpoint, "--inputs", str(inputs),
+         "--json", str(report), *args],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "PASS" in done.stdout
+    return json.loads(report.read_text()), done.stdout
+
+
+@pytest.mark.parametrize("model", ["absa-bert", "absa-modernbert"])
+def test_absa_parity_report(tmp_path: Path, demo_models: dict[str, object], model: str) -> None:
+    report, printed = _run(
+        tmp_path, demo_models[model].path, sample_absa_pairs(PAIRS), "--dtype", "bfloat16"
+    )
+    fp32 = report["reference_vs_plugin_fp32"]
+    assert fp32["pairs"] == PAIRS
+    assert fp32["labels_match"] == PAIRS and fp32["spans_match"] == PAIRS
+    assert fp32["max_abs_prob_diff"] < 1e-4
+    single = report["single_vs_batched_fp32"]
+    assert single["labels_match"] == PAIRS and single["spans_match"] == PAIRS
+    assert single["max_abs_prob_diff"] < 1e-5
+    bf16 = report["fp32_vs_bfloat16"]  # reported, not gated: random weights give close calls
+    assert bf16["pairs"] == PAIRS and bf16["labels_match"] >= 0.8 * PAIRS
+    # The served dtype's single calls against its batched ones (on CUDA: whole-step graphs
+    # against piecewise ones), reported too.
+    bf16_single = report["single_vs_batched_bfloat16"]
+    assert bf16_single["pairs"] == PAIRS and bf16_single["labels_match"] >= 0.8 * PAIRS
+    assert f"labels_match           {PAIRS}/{PAIRS}" in printed
+    assert len(report["plugin_labels_fp32"]) >= 2  # random weights still spread over labels
+
+
+def test_thresholds_from_config_apply_on_both_sides(tmp_path: Path, demo_models: dict[str, object]) -> None:
+    """Per-label thresholds (a deployment override) change the served labels, and the reference
+    applies the same rule: every label still matches."""
+    overrides = {"scoring_absa_overrides": {
+        "thresholds": {"positive": 0.999, "negative": 0.999}, "fallback_label": "neutral"}}
+    pairs = 120
+    report, _ = _run(
+        tmp_path, demo_models["absa-bert"].path, sample_absa_pairs(pairs, seed=3),
+        "--hf-overrides", json.dumps(overrides),
+    )
+    assert report["reference_vs_plugin_fp32"]["labels_match"] == pairs
+    labels = report["plugin_labels_fp32"]
+    assert labels.get("neutral", 0) >= 0.95 * pairs, labels
+
+
+def test_rerank_parity_report(tmp_path: Path, demo_models: dict[str, object]) -> None:
+    rows = [
+        {"query": q, "documents": [f"{q} answer {i}: " + "some text " * i for i in range(12)]}
+        for q in ("what is the capital of France", "how do cats sleep", "서울의 날씨")
+    ]
+    # Served in fp32 with TF32 matmuls: the gated comparison stays IEEE fp32 against the
+    # reference; the relaxed path is reported beside it (on the CPU TF32 changes nothing).
+    report, printed = _run(tmp_path, demo_models["bert-cross-encoder"].path, rows, "--float32-matmul-precision", "high")
+    assert report["kind"] == "rerank" and report["float32_matmul_precision"] == "high"
+    fp32 = report["reference_vs_plugin_fp32"]
+    assert fp32["queries"] == 3 and fp32["documents"] == 36
+    assert fp32["orderings_match"] == 3 and fp32["max_abs_score_diff"] < 1e-4
+    assert report["single_vs_batched_fp32"]["orderings_match"] == 3
+    relaxed = report["fp32_vs_float32_matmul_high"]
+    assert relaxed["orderings_match"] == 3 and relaxed["max_abs_score_diff"] < 1e-2
+    assert report["single_vs_batched_float32_matmul_high"]["orderings_match"] == 3
+    assert "serving float32_matmul_high" in printed
+
+
+def test_gate_fails_on_mismatch() -> None:
+    good = {"pairs": 10, "labels_match": 10, "spans_match": 10, "max_abs_prob_diff": 1e-6}
+    report = {"reference_vs_plugin_fp32": {**good, "spans_match": 9}, "single_vs_batched_fp32": good}
+    assert failures(report, 1.0, 1e-4) == ["reference_vs_plugin_fp32: spans_match 9/10"]
+    assert failures(report, 0.9, 1e-4) == []
+    loose = {"reference_vs_plugin_fp32": good, "single_vs_batched_fp32": {**good, "max_abs_prob_diff": 0.1}}
+    assert failures(loose, 1.0, 1e-4) == ["single_vs_batched_fp32: max difference 0.1 > 0.0001"]
+
+
+def test_image_rank_parity_report(tmp_path: Path, demo_models: dict[str, object]) -> None:
+    from scoring_server.demo.image_rank import QUERIES, sample_images
+
+    names = []
+    for i, data in enumerate(sample_images(9, seed=4, size=(120, 90))):
+        names.append(f"picture-{i}.bin")
+        (tmp_path / names[-1]).write_bytes(data)
+    rows = [{"query": q, "images": names[k : k + 5]} for k, q in enumerate(QUERIES[:3])]
+    report, _ = _run(tmp_path, demo_models["image-ranker"].path, rows)
+    assert report["kind"] == "image_rank"
+    fp32 = report["reference_vs_plugin_fp32"]
+    assert fp32["queries"] == 3 and fp32["documents"] == 15
+    assert fp32["orderings_match"] == 3 and fp32["max_abs_score_diff"] < 1e-4
+    assert report["single_vs_batched_fp32"]["max_abs_score_diff"] < 1e-4
+    assert report["duplicates_identical"]["orderings_match"] == 3

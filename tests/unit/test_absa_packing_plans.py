@@ -1,0 +1,82 @@
+"""Packed ABSA without an engine: bidirectional attention kept inside each pair, with and without
+a local window, and the packed settings as they reach the plugin. The packed engine itself is
+tested in `tests/engine/test_packed_absa.py`.
+"""
+
+from __future__ import annotations
+
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from scoring_plugin.absa.settings import OVERRIDES_KEY, AbsaSettings
+from scoring_plugin.config_sections import DEFAULT_FULL_GRAPH_TOKENS
+from scoring_plugin.models import PACKED_MODERNBERT_ABSA_ARCHITECTURE
+from scoring_plugin.models.packed_attention import DevicePlan, PairAttention
+from scoring_plugin.packing import AttentionPlan
+from scoring_server.config import ModelKind, ModelSettings
+
+
+# ------------------------------------------------------------------------------------ attention
+
+
+def _alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Plain bidirectional attention of one pair, (tokens, heads, dim), |i - j| <= window."""
+    rows = torch.arange(q.shape[0])
+    mask = None if window is None else (rows[:, None] - rows[None, :]).abs() <= window
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask)
+    return out.transpose(0, 1)
+
+
+@pytest.mark.parametrize("lengths", [[5], [3, 9, 4], [20, 1, 7]])
+@pytest.mark.parametrize("window", [None, 2])
+@pytest.mark.parametrize("budget", [None, 1], ids=["one-batch", "batch-per-group"])
+def test_bidirectional_pair_attention_equals_each_pair_alone(
+    lengths: list[int], window: int | None, budget: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if budget is not None:
+        monkeypatch.setattr("scoring_plugin.models.packed_attention.PADDED_SCORES_BUDGET", budget)
+    torch.manual_seed(0)
+    heads, dim = 2, 8
+    tokens = sum(lengths)
+    q, k, v = (torch.randn(tokens, heads, dim, dtype=torch.float64) for _ in range(3))
+    out = torch.empty(tokens, heads * dim, dtype=torch.float64)
+    plan = DevicePlan.of(AttentionPlan.build([[0, *lengths]]), torch.device("cpu"))
+    attention = PairAttention(heads, heads, dim, causal=False, window=window)
+    attention(*(t.reshape(tokens, -1) for t in (q, k, v)), plan, out)
+    packed = out.view(tokens, heads, dim)
+    start = 0
+    for length in lengths:
+        rows = slice(start, start + length)
+        torch.testing.assert_close(packed[rows], _alone(q[rows], k[rows], v[rows], window), rtol=0, atol=1e-12)
+        start += length
+
+
+def test_a_window_needs_bidirectional_attention() -> None:
+    with pytest.raises(ValueError, match="bidirectional"):
+        PairAttention(2, 2, 8, causal=True, window=4)
+
+
+# ------------------------------------------------------------------------------------ settings
+
+
+def test_pack_pairs_maps_modernbert_absa_only(demo_models: dict[str, ModelSettings]) -> None:
+    """The packed architecture replaces the checkpoint's; a checkpoint with no packed twin fails
+    by name, before any engine starts."""
+    modernbert = ModelSettings(
+        name="m", kind=ModelKind.ABSA, path=demo_models["absa-modernbert"].path, dtype="float32", pack_pairs=True
+    )
+    overrides = modernbert.effective_hf_overrides()
+    assert overrides["architectures"] == [PACKED_MODERNBERT_ABSA_ARCHITECTURE]
+    assert overrides[OVERRIDES_KEY]["pooler_graphs"] is True
+    config = {**modernbert._checkpoint_config(), **overrides}
+    assert AbsaSettings.from_hf_config(config).pooler_full_graph_tokens == DEFAULT_FULL_GRAPH_TOKENS
+    bert = modernbert.model_copy(update={"path": demo_models["absa-bert"].path})
+    with pytest.raises(ValueError, match="BertForAspectSentiment"):
+        bert.effective_hf_overrides()
+    with pytest.raises(ValueError, match="pack_pairs"):
+        ModelSettings(
+            name="i", kind=ModelKind.IMAGE_RANK, path=demo_models["image-ranker"].path, dtype="float32",
+            pack_pairs=True,
+        )
