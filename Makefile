@@ -3,7 +3,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 50051
 
-.PHONY: env java-toolchain demo test lint
+# Tests run on pytest-xdist workers (tests/README.md: how the tiers share engines across them).
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
+
+.PHONY: env java-toolchain demo test test-fast lint
 
 env:
 	SCORING_INSTALL_EDITABLE=1 deploy/install-cpu.sh $(VENV)
@@ -16,10 +20,13 @@ java-toolchain:
 demo: env
 	$(PY) -m scoring_server --demo --port $(PORT)
 
-# Every test: contract lint and compatibility, units, parity, end to end (Python client, Java
-# client, grpcurl, vllm serve), deploy manifests, lifecycle.
+# Every test, every tier (tests/README.md): unit, kernels, engine, server, clients, deploy, bench.
 test: env java-toolchain
-	$(PY) -m pytest tests
+	$(PYTEST) tests
+
+# After every change: unit tests, the Triton kernels on the interpreter, one engine smoke per kind.
+test-fast: env
+	$(PYTEST) -m "unit or kernels or smoke" tests/unit tests/kernels tests/engine
 
 lint: env
 	PATH="$(VENV)/bin:$$PATH" proto/buf.sh lint

@@ -19,22 +19,15 @@
 #                                   # matmuls (float32_matmul_precision high), c=1 and 32 (~6 min)
 #   sh bench/h200_absa.sh tf32x3    # fp32: ours with IEEE matmuls, with 3xTF32 projections
 #                                   # (float32_matmul_precision tf32x3) and with TF32, stock /classify
-#                                   # IEEE, c=1 and 32; the 3xTF32 GPU test (~8 min; the kernels
-#                                   # alone: python3 bench/fp32_gemm.py)
+#                                   # IEEE, c=1 and 32; the 3xTF32 GPU test (~8 min)
 #   sh bench/h200_absa.sh ab        # this tree against a base build (.whl-base: wheels of the base
-#                                   # commit): host stage costs of both, then both servers up at
-#                                   # once, c=1 and 32 interleaved for AB_ROUNDS rounds (default 3),
-#                                   # the A/B table (~5 min); AB_SCENARIO=fp32 for the fp32 model
+#                                   # commit), both servers up at once, c=1 and 32 interleaved for
+#                                   # AB_ROUNDS rounds (default 3), the A/B table (~5 min);
+#                                   # AB_SCENARIO=fp32 for the fp32 model
 #   sh bench/h200_absa.sh tf32-ab   # fp32 with TF32 matmuls, this tree against a base build (.whl-base),
 #                                   # both servers up at once, c=1 and 32 interleaved for AB_ROUNDS
 #                                   # rounds (default 3): is run11's TF32 c=1 (20.5 ms against run6's
 #                                   # 12.5) the code since run6 (base 25797e3) or the host? (~6 min)
-#   sh bench/h200_absa.sh rpc       # what a unary call pays for gRPC on this host: bare grpc.aio,
-#                                   # our interceptors, the base build's (.whl-base) and each part
-#                                   # alone (bench/rpc_overhead.py --breakdown, ~2 min)
-#   sh bench/h200_absa.sh steps     # one packed step in the model by token count, fp32 (with
-#                                   # TF32 matmuls for comparison) and bf16, kernels of one call's
-#                                   # step from the torch profiler (bench/packed_step.py, ~4 min)
 # The base build's wheels come from .whl-base, or the directory WHL_BASE names (relative to the
 # project's root), so one staging can hold two bases.
 set -eu
@@ -60,7 +53,7 @@ print(model)" | tail -1)
         --max-model-len 512 --json "$OUT/absa-parity-packed-h200-$served.json" 2>&1 | tail -32
     ;;
 tf32x3)
-    (cd .. && python3 -m pytest -q -p no:cacheprovider tests/test_tf32x3_gemm.py -k gpu 2>&1 | tail -3)
+    (cd .. && python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_tf32x3_gemm.py 2>&1 | tail -3)
     python3 absa.py --scenario fp32 --systems grpc,grpc-tf32x3,grpc-tf32,classify --concurrency 1,32 \
         --seconds-per-level 6 --work /tmp/bw --out "$OUT" 2>&1 | tail -30
     grep -h "3xTF32" /tmp/bw/absa-grpc-tf32x3-server.log | cut -c1-400 || true
@@ -99,12 +92,6 @@ inline)
     ;;
 ab)
     python3 -m pip install -q --no-deps --upgrade --target /tmp/site-base "../${WHL_BASE:-.whl-base}"/*.whl
-    for build in base tree; do
-        site=$([ "$build" = base ] && echo /tmp/site-base: || true)
-        echo "host stages, $build:"
-        PYTHONPATH="$site$PYTHONPATH" python3 absa_host_costs.py --repeat 200 --out "$OUT/host-costs-$build.json" \
-            2>&1 | grep "^|"
-    done
     python3 absa.py --systems grpc,grpc-base --base-site /tmp/site-base --ab-rounds "${AB_ROUNDS:-3}" \
         --scenario "${AB_SCENARIO:-bf16}" --concurrency 1,32 --seconds-per-level 8 --work /tmp/bw --out "$OUT/ab" \
         2>&1 | sed -n "/^| system/,\$p"
@@ -115,15 +102,5 @@ tf32-ab)
     python3 absa.py --scenario fp32 --systems grpc-tf32,grpc-base-tf32 --base-site /tmp/site-base \
         --ab-rounds "${AB_ROUNDS:-3}" --concurrency 1,32 --seconds-per-level 6 --work /tmp/bw --out "$OUT/tf32-ab" \
         2>&1 | sed -n "/^| system/,\$p"
-    ;;
-rpc)
-    python3 -m pip install -q --no-deps --upgrade --target /tmp/site-base "../${WHL_BASE:-.whl-base}"/*.whl
-    python3 rpc_overhead.py --rounds 4 --calls 1500 --breakdown --base-site /tmp/site-base \
-        --out "$OUT/rpc-overhead.json" 2>&1 | grep "^|"
-    ;;
-steps)
-    for model in absa-fp32 absa-bf16; do
-        python3 packed_step.py --model "$model" --work /tmp/bw --out "$OUT" 2>&1 | tail -34
-    done
     ;;
 esac

@@ -1,41 +1,31 @@
 #!/bin/sh
 # The rerank measurements of one H200 staging, in device-tool calls of <= 10 minutes each
 # (`../shared/gpu/README.md` stages vLLM first). Results and logs land in $OUT.
-#   sh bench/h200_rerank.sh kernels   # packed step by token count + parity bf16/fp32 (~6 min)
-#   sh bench/h200_rerank.sh check     # parity bf16 alone, with today's defaults, and the HF
-#                                     # reference's own bf16 orderings (~3.5 min)
 #   sh bench/h200_rerank.sh systems   # HF, vllm serve /rerank, vllm serve /pooling + plugin and
-#                                     # ours in one run (~7 min; run7 had no plugin system)
-#   sh bench/h200_rerank.sh variants  # ours with async scheduling; scoring-parity --pack-pairs
-#   sh bench/h200_rerank.sh full      # whole-step graphs: packed step by token count, then ours
-#                                     # with and without them, 1/5/20 documents (~6 min)
-#   sh bench/h200_rerank.sh inline    # ours with inline planning (the default) and without
-#                                     # (`grpc-threads`), c=1, 20 and 1 documents (~3.5 min)
-#   sh bench/h200_rerank.sh kernel    # one layer's attention: flash-attention's paths against the
-#                                     # Triton segment kernel at every tiling tried, and Q/K norm +
-#                                     # rotary, vLLM's kernel against ours; the kernels' GPU tests
-#                                     # (needs the pytest, pluggy and iniconfig wheels in .whl) (~4 min)
-#   sh bench/h200_rerank.sh mlp       # the fusions around the MLP, kernels alone, Qwen3 and ModernBERT
-#                                     # shapes: gate/up + activation in a Triton GEMM against cuBLAS +
-#                                     # vLLM's act-and-mul, the projections into the residual; their GPU
-#                                     # tests (~2 min)
+#                                     # ours in one run (~7 min): docs/performance.md's rerank table
+#   sh bench/h200_rerank.sh check     # parity bf16 of the packed path against the fp32 HF
+#                                     # reference, and the HF reference's own bf16 orderings (~3.5 min)
+#   sh bench/h200_rerank.sh fp32-parity  # float32 with 3xTF32 projections against IEEE float32 and
+#                                     # the HF reference, packed, 4 queries x 20 documents; run after
+#                                     # `check`, which builds the model (~2.5 min)
+#   sh bench/h200_rerank.sh fp32      # float32: ours IEEE, ours with 3xTF32 projections, vllm serve
+#                                     # /rerank (IEEE), c=1 and 16, 20 documents (~5 min)
 #   sh bench/h200_rerank.sh ab        # this tree against a base build (.whl-base: wheels of the
 #                                     # base commit), both servers up at once, their levels
 #                                     # interleaved for AB_ROUNDS rounds (default 3): c=1/16/64 at 20
 #                                     # documents, c=1 at one document; the A/B table (~5 min)
+#   sh bench/h200_rerank.sh gpu-tests # every GPU-only test of the plugin's kernels: segment attention,
+#                                     # Q/K norm + rotary, gate/up + activation, MLP fusions, 3xTF32
+#                                     # (needs the pytest, pluggy and iniconfig wheels in .whl) (~3 min)
 #   sh bench/h200_rerank.sh timeline  # the device's timeline while ours serves c=16, then c=64 (in
 #                                     # process, vLLM's torch profiler, CUDA activity only): busy
 #                                     # time, idle gaps, idle between steps, top kernels (~4 min)
 #   sh bench/h200_rerank.sh pack      # ours at pack_tokens 8192 (the server's default), 16384 (the
 #                                     # bench's) and 24576: c=16 and c=64, 20 documents (~5 min)
-#   sh bench/h200_rerank.sh fp32      # float32: ours IEEE, ours with 3xTF32 projections, vllm serve
-#                                     # /rerank (IEEE), c=1 and 16, 20 documents (~5 min)
-#   sh bench/h200_rerank.sh fp32-parity  # float32 with 3xTF32 projections against IEEE float32 and
-#                                     # the HF reference, packed, 4 queries x 20 documents; run after
-#                                     # `check` or `kernels`, which build the model (~2.5 min)
-#   sh bench/h200_rerank.sh gpu-tests # every GPU-only test of the plugin's kernels: segment attention,
-#                                     # Q/K norm + rotary, gate/up + activation, MLP fusions, 3xTF32
-#                                     # (needs the pytest, pluggy and iniconfig wheels in .whl) (~3 min)
+#   sh bench/h200_rerank.sh inline    # ours with inline planning (the default) and without
+#                                     # (`grpc-threads`), c=1, 20 and 1 documents (~3.5 min)
+#   sh bench/h200_rerank.sh variants  # ours with async scheduling asked for explicitly (the packed
+#                                     # default); scoring-parity --pack-pairs in bf16
 # The base build's wheels come from .whl-base, or the directory WHL_BASE names (relative to the
 # project's root), so one staging can hold two bases; WHL_BASE=.whl is an A/A run (this tree on
 # both sides: what the harness itself tilts between its two servers).
@@ -43,8 +33,8 @@ set -eu
 . bench/h200_env.sh
 cd bench
 
-# packed_parity QUERIES JSON FLAGS...: scoring-parity on the packed path of the model `check` or
-# `kernels` built, QUERIES x 20 documents of the bench's requests, served with FLAGS
+# packed_parity QUERIES JSON FLAGS...: scoring-parity on the packed path of the model `check`
+# built, QUERIES x 20 documents of the bench's requests, served with FLAGS
 packed_parity() {
     queries=$1 json=$2
     shift 2
@@ -54,15 +44,6 @@ packed_parity() {
 }
 
 case "$1" in
-kernel)
-    (cd .. && python3 -m pytest -q -p no:cacheprovider tests/test_segment_attention.py tests/test_qk_norm_rope.py -k gpu 2>&1 | tail -5)
-    python3 attention_variants.py --out "$OUT" 2>&1 | tail -100
-    ;;
-kernels)
-    python3 packed_step.py --out "$OUT" 2>&1 | tail -40
-    python3 rerank_check.py --queries 6 --out "$OUT" 2>&1 | tail -14
-    python3 rerank_check.py --queries 4 --dtype float32 --out "$OUT" 2>&1 | tail -14
-    ;;
 check)
     python3 rerank_check.py --queries 6 --out "$OUT" 2>&1 | tail -14
     python3 reference_dtype_check.py --queries 6 --out "$OUT" 2>&1 | tail -9
@@ -76,21 +57,9 @@ variants)
         --out "$OUT/async" 2>&1 | tail -25
     packed_parity 6 parity-packed-bf16.json --dtype bfloat16
     ;;
-full)
-    python3 packed_step.py --out "$OUT" > "$OUT/packed-step.log" 2>&1 || true
-    grep -i "whole-step" "$OUT/packed-step.log" | cut -c1-300
-    tail -12 "$OUT/packed-step.log"
-    python3 rerank.py --systems grpc,grpc-piecewise --seconds-per-level 8 --docs-sweep 1,5 --work /tmp/bw \
-        --out "$OUT" 2>&1 | tail -30
-    grep -ih "whole-step" /tmp/bw/grpc-server.log | cut -c1-300
-    ;;
 inline)
     python3 rerank.py --systems grpc,grpc-threads --concurrency 1 --docs-sweep 1 --seconds-per-level 8 \
         --work /tmp/bw --out "$OUT" 2>&1 | grep -A14 "^| system"
-    ;;
-mlp)
-    (cd .. && python3 -m pytest -q -p no:cacheprovider tests/test_gate_up_activation.py tests/test_mlp_fusions.py -k "gpu or fused" 2>&1 | tail -5)
-    python3 mlp_fusions.py --out "$OUT" 2>&1 | tail -20
     ;;
 ab)
     python3 -m pip install -q --no-deps --upgrade --target /tmp/site-base "../${WHL_BASE:-.whl-base}"/*.whl
@@ -113,8 +82,7 @@ fp32-parity)
     packed_parity 4 rerank-parity-packed-fp32-tf32x3.json --dtype float32 --float32-matmul-precision tf32x3
     ;;
 gpu-tests)
-    (cd .. && python3 -m pytest -q -p no:cacheprovider tests/test_gate_up_activation.py tests/test_mlp_fusions.py \
-        tests/test_tf32x3_gemm.py tests/test_segment_attention.py tests/test_qk_norm_rope.py -k "gpu or fused" 2>&1 | tail -6)
+    (cd .. && python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels 2>&1 | tail -6)
     ;;
 timeline)
     for c in 16 64; do

@@ -194,8 +194,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-# BENCH_PROFILE=DIR runs each server under py-spy (wall time of every thread, 100 samples/s;
-# `profile_summary.py` reads DIR/<server log name>.pyspy.txt). py-spy must be on PATH.
+# BENCH_PROFILE=DIR runs each server under py-spy (wall time of every thread, 100 samples/s, py-spy's
+# raw collapsed-stack format in DIR/<server log name>.pyspy.txt). py-spy must be on PATH.
 _PROFILE_DIR = os.environ.get("BENCH_PROFILE")
 
 

@@ -27,7 +27,25 @@ TIERS = ("unit", "kernels", "engine", "server", "clients", "deploy", "bench")
 _HERE = Path(__file__).resolve().parent
 
 
+# Fixtures that reach the session's one demo server: their tests share one xdist worker.
+_DEMO_FIXTURES = frozenset({"demo_server", "client", "channel"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Builds the demo checkpoints once, before any xdist worker or server process starts:
+    concurrent builders of one folder would remove each other's files."""
+    if not hasattr(session.config, "workerinput"):
+        from scoring_server.demo import build_demo_models
+
+        build_demo_models(DEMO_DIR)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (--dist loadgroup)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks each test with its tier and its xdist group: the demo server's tests form one group
+    (one demo server per run), every other module is a group of its own (its module fixtures,
+    its own servers and engines, start once)."""
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run on the lent GPU: see tests/README.md)")
     for item in items:
         tier = Path(item.path).resolve().relative_to(_HERE).parts[0]
@@ -35,6 +53,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(getattr(pytest.mark, tier))
         if item.get_closest_marker("gpu") and not torch.cuda.is_available():
             item.add_marker(no_gpu)
+        uses_demo = _DEMO_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        item.add_marker(pytest.mark.xdist_group("demo-server" if uses_demo else item.nodeid.split("::")[0]))
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.servers import DEMO_DIR, REPO, tool_env
+from support.servers import REPO, tool_env
 
 
 def _bench(script: str, *args: str, timeout: int = 1200) -> subprocess.CompletedProcess[str]:

@@ -75,6 +75,7 @@ def _pairs(count: int, seed: int) -> list[tuple[str, str]]:
     return [(row["aspect"], row["review"]) for row in sample_absa_pairs(count, seed=seed)]
 
 
+@pytest.mark.smoke
 def test_one_call_is_one_engine_request_matching_the_reference(
     packed: InProcessEngine, reference: AbsaReference
 ) -> None:

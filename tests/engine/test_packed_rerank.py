@@ -78,6 +78,7 @@ def _layouts(requests: list[EngineRequest]) -> list[list[int]]:
     return layouts
 
 
+@pytest.mark.smoke
 def test_one_call_is_one_engine_request_scoring_like_the_reference(
     packed: InProcessEngine, reference: Scorer
 ) -> None:

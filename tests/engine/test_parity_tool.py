@@ -96,6 +96,7 @@ def test_gate_fails_on_mismatch() -> None:
     assert failures(loose, 1.0, 1e-4) == ["single_vs_batched_fp32: max difference 0.1 > 0.0001"]
 
 
+@pytest.mark.smoke
 def test_image_rank_parity_report(tmp_path: Path, demo_models: dict[str, object]) -> None:
     from scoring_server.demo.image_rank import QUERIES, sample_images
 

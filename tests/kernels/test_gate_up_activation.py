@@ -1,6 +1,6 @@
 """The fused gate/up + activation GEMM (:mod:`scoring_plugin.models.gate_up_activation`) against
 the definition, ``act(x @ gate.T) * (x @ up.T)`` in fp32 for SiLU and both GELUs, on this
-machine's CPU through Triton's interpreter (:mod:`triton_interpreter`); the per-size plan a layer
+machine's CPU through Triton's interpreter (`tests/support/triton.py`); the per-size plan a layer
 follows; and, on a GPU, against cuBLAS + vLLM's ``silu_and_mul`` / ``gelu_and_mul`` at Qwen3-0.6B's
 and ModernBERT-large's shapes with every candidate tile that fits.
 """

@@ -4,7 +4,7 @@ the GEMM, and with the fused gate/up kernel (Triton's interpreter, on this machi
 its unfused output; and on the CPU the start-up choice leaves every layer unfused.
 
 The layers are vLLM modules, which need vLLM's distributed state: the checks build them in a
-child process (:mod:`triton_interpreter`), so this pytest process keeps none of it.
+child process (`tests/support/triton.py`), so this pytest process keeps none of it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The Triton per-head norm + rotary kernel (:mod:`scoring_plugin.models.qk_norm_rope`), applied to
 Q and to K in turn, against the definition: RMSNorm per head in fp32, then vLLM's own neox rotary
 (``RotaryEmbedding.forward_static`` with its cache), on this machine's CPU through Triton's
-interpreter (:mod:`triton_interpreter`).
+interpreter (`tests/support/triton.py`).
 """
 
 from __future__ import annotations

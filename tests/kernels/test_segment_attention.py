@@ -1,9 +1,9 @@
 """The Triton segment kernel (:mod:`scoring_plugin.models.segment_attention`) against the padded
 SDPA path, on this machine's CPU through Triton's interpreter.
 
-The checks run in a child process under the interpreter (:mod:`triton_interpreter`). fp32 and
-fp16 only: the interpreter's ``tl.dot`` gets bf16 wrong (numpy has no bf16); the H200 checks
-bf16 (``bench/attention_variants.py``, ``rerank_check.py``).
+The checks run in a child process under the interpreter (`tests/support/triton.py`). fp32 and
+fp16 only: the interpreter's ``tl.dot`` gets bf16 wrong (numpy has no bf16); bf16 is checked on
+a GPU (the ``gpu`` cases below, and ``bench/rerank_check.py`` through the served model).
 """
 
 from __future__ import annotations

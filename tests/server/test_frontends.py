@@ -1,7 +1,7 @@
 """`--frontends 2`: two gRPC front-end processes share the port and each model's engine core
 (real CPU engine). Calls over several connections reach both front-ends and get the answers a
 lone server gives; /metrics counts all of them; SIGTERM stops every process. (An engine core's
-death, with one front-end and with two: tests/test_faults.py.)"""
+death, with one front-end and with two: tests/server/test_faults.py.)"""
 
 from __future__ import annotations
 

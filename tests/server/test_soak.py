@@ -3,7 +3,7 @@ from several threads over loopback, bounded in time and count. Zero unexpected o
 memory (RSS of the server's process tree, sampled each second), empty request state at the end.
 
 CI runs it small (SCORING_SOAK_SECONDS, default 20); by hand, e.g.
-``SCORING_SOAK_SECONDS=1800 .venv/bin/python -m pytest tests/test_soak.py -s``.
+``SCORING_SOAK_SECONDS=1800 .venv/bin/python -m pytest tests/server/test_soak.py -s``.
 The figures are printed and, with SCORING_SOAK_REPORT=path, written as JSON."""
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from support.servers import REPO
+
 PYTHON_ROOTS = ("plugin/src", "server/src", "clients/python/src/scoring_client")
 JAVA_ROOT = "clients/java/src"
 SHELL_ROOTS = ("plugin", "server", "clients")
