@@ -82,7 +82,7 @@ fp32-parity)
     packed_parity 4 rerank-parity-packed-fp32-tf32x3.json --dtype float32 --float32-matmul-precision tf32x3
     ;;
 gpu-tests)
-    (cd .. && python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels 2>&1 | tail -6)
+    (cd .. && python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels)
     ;;
 timeline)
     for c in 16 64; do

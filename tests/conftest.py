@@ -21,40 +21,37 @@ import pytest
 import torch
 
 from scoring_client import ScoringClient
-from support.servers import DEMO_DIR, RunningServer, free_port, start_server, stop_server
+from support.servers import RunningServer, demo_checkpoints, free_port, start_server, stop_server
 
 TIERS = ("unit", "kernels", "engine", "server", "clients", "deploy", "bench")
+# Tiers whose tests start servers or engines on the demo checkpoints (`--demo-dir`).
+_ON_DEMO_CHECKPOINTS = ("engine", "server", "clients", "deploy", "bench")
 _HERE = Path(__file__).resolve().parent
 
 
-# Fixtures that reach the session's one demo server: their tests share one xdist worker.
-_DEMO_FIXTURES = frozenset({"demo_server", "client", "channel"})
+pytest_plugins = ["support.worker_groups"]  # which tests share an xdist worker
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """Builds the demo checkpoints once, before any xdist worker or server process starts:
-    concurrent builders of one folder would remove each other's files."""
-    if not hasattr(session.config, "workerinput"):
-        from scoring_server.demo import build_demo_models
-
-        build_demo_models(DEMO_DIR)
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (--dist loadgroup)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Marks each test with its tier and its xdist group: the demo server's tests form one group
-    (one demo server per run), every other module is a group of its own (its module fixtures,
-    its own servers and engines, start once)."""
+    """Marks each test with its tier; skips the GPU cases where there is no GPU."""
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run on the lent GPU: see tests/README.md)")
     for item in items:
-        tier = Path(item.path).resolve().relative_to(_HERE).parts[0]
+        tier = _tier(item)
         assert tier in TIERS, f"{item.nodeid}: every test lives in a tier folder, one of {TIERS}"
         item.add_marker(getattr(pytest.mark, tier))
         if item.get_closest_marker("gpu") and not torch.cuda.is_available():
             item.add_marker(no_gpu)
-        uses_demo = _DEMO_FIXTURES.intersection(getattr(item, "fixturenames", ()))
-        item.add_marker(pytest.mark.xdist_group("demo-server" if uses_demo else item.nodeid.split("::")[0]))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The demo checkpoints exist before a selected test that serves them starts anything; a run
+    of the unit and kernel tiers alone (a GPU machine's `-m gpu` among them) builds nothing."""
+    if any(_tier(item) in _ON_DEMO_CHECKPOINTS for item in session.items):
+        demo_checkpoints()
+
+
+def _tier(item: pytest.Item) -> str:
+    return Path(item.path).resolve().relative_to(_HERE).parts[0]
 
 
 @pytest.fixture(scope="session")
@@ -70,7 +67,7 @@ def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
         return
     metrics_port = free_port()
     server = start_server(
-        ["--demo", "--demo-dir", str(DEMO_DIR), "--metrics-port", str(metrics_port),
+        ["--demo", "--demo-dir", str(demo_checkpoints()), "--metrics-port", str(metrics_port),
          "--log-format", "json", "--image-allow-network", "127.0.0.1/32", "--image-fetch-timeout-s", "2"],
         log,
         metrics_port=metrics_port,
@@ -96,4 +93,4 @@ def channel(demo_server: RunningServer) -> Iterator[grpc.Channel]:
 def demo_models() -> dict[str, object]:
     from scoring_server.demo import build_demo_models
 
-    return {m.name: m for m in build_demo_models(DEMO_DIR)}
+    return {m.name: m for m in build_demo_models(demo_checkpoints())}

@@ -78,7 +78,7 @@ def _check_norm_rope(tilings: dict[str, object]) -> dict[str, float]:
     from scoring_plugin.models.qk_norm_rope import NormRope
     from scoring_plugin.models.segment_attention import segment_attention
     from scoring_plugin.packing import AttentionPlan
-    from test_qk_norm_rope import vllm_rope
+    from kernels.test_qk_norm_rope import vllm_rope
 
     heads, kv_heads, head_dim = 4, 2, 32  # the rotary needs a power-of-two head size
     cpu = torch.device("cpu")
@@ -212,7 +212,7 @@ def test_bf16_on_the_gpu_normalises_and_rotates_q_as_it_loads() -> None:
     from scoring_plugin.models.qk_norm_rope import NormRope
     from scoring_plugin.models.segment_attention import segment_attention
     from scoring_plugin.packing import AttentionPlan
-    from test_qk_norm_rope import vllm_rope
+    from kernels.test_qk_norm_rope import vllm_rope
 
     device = torch.device("cuda")
     heads, kv_heads, head_dim = 16, 8, 128

@@ -51,7 +51,7 @@ def _products() -> dict[str, float]:
 def _through_vllm() -> dict[str, object]:
     """In the child: one packed layer of each model in fp32 on the CPU, every projection given a
     3xTF32 plan through vLLM's linear method, against the same layer on torch's GEMM."""
-    from test_mlp_fusions import HEADS, HIDDEN, INTERMEDIATE, ROWS, _layers, _output, _vllm_state
+    from kernels.test_mlp_fusions import HEADS, HIDDEN, INTERMEDIATE, ROWS, _layers, _output, _vllm_state
     from vllm.config import VllmConfig, set_current_vllm_config
 
     result: dict[str, object] = {}

@@ -3,6 +3,7 @@ container's command), shared by every tier that talks to a server."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -19,6 +20,21 @@ from scoring_client import ScoringClient
 REPO = Path(__file__).resolve().parents[2]
 DEMO_DIR = Path(os.environ.get("SCORING_DEMO_DIR", REPO / ".demo-models"))
 START_TIMEOUT_S = 900
+
+
+@functools.cache
+def demo_checkpoints() -> Path:
+    """DEMO_DIR with every demo checkpoint built, once per process and under a file lock: the
+    xdist workers (and the servers they start, which build on their own when a checkpoint is
+    missing) must never build one folder at once, each removing the other's files."""
+    from filelock import FileLock
+
+    from scoring_server.demo import build_demo_models
+
+    DEMO_DIR.mkdir(parents=True, exist_ok=True)
+    with FileLock(DEMO_DIR / ".build.lock"):
+        build_demo_models(DEMO_DIR)
+    return DEMO_DIR
 
 
 def venv_tool(name: str) -> str:
