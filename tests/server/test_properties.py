@@ -8,6 +8,7 @@ import math
 from collections import Counter
 
 import grpc
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -207,6 +208,7 @@ def test_any_image_rank_request_keeps_the_invariants(channel: grpc.Channel, clie
     OUTCOMES["image ok"] += 1
 
 
+@pytest.mark.usefixtures("demo_server")  # runs where the tests above ran (their xdist worker), after them
 def test_the_properties_reached_successful_calls() -> None:
     """Guards the tests above: generated requests must not all be rejected."""
     assert OUTCOMES["rerank ok"] >= 5 and OUTCOMES["absa ok"] >= 5 and OUTCOMES["image ok"] >= 5, OUTCOMES
