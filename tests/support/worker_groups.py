@@ -58,8 +58,8 @@ def groups_of(items: list[pytest.Item]) -> dict[str, str]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The controller of an xdist run names the file its workers write the groups to."""
-    if not hasattr(config, "workerinput") and config.pluginmanager.hasplugin("xdist"):
+    """The controller of a `--dist loadgroup` run names the file its workers write the groups to."""
+    if not hasattr(config, "workerinput") and config.pluginmanager.hasplugin("xdist") and _grouped(config):
         handle, path = tempfile.mkstemp(prefix="pytest-worker-groups-", suffix=".json")
         os.close(handle)
         config.stash[_GROUPS_FILE] = Path(path)
@@ -70,9 +70,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         config.stash[_GROUPS_FILE].unlink(missing_ok=True)
 
 
+def _grouped(config: pytest.Config) -> bool:
+    return config.getvalue("dist") == "loadgroup"
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
-    node.workerinput[_WORKERINPUT_KEY] = str(node.config.stash[_GROUPS_FILE])
+    if _GROUPS_FILE in node.config.stash:
+        node.workerinput[_WORKERINPUT_KEY] = str(node.config.stash[_GROUPS_FILE])
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -88,7 +93,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    if config.getvalue("dist") != "loadgroup":
+    if not _grouped(config):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
