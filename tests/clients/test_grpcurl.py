@@ -33,7 +33,7 @@ def test_rerank_call_from_json(demo_server: RunningServer) -> None:
         "topN": 2,
         "returnDocuments": True,
         "requestId": "grpcurl-1",
-        "activation": "ACTIVATION_SIGMOID",
+        "activation": "ACTIVATION_NONE",
     }
     done = grpcurl(demo_server, "scoring.v1.RerankService/Rerank", data=request)
     assert done.returncode == 0, done.stderr

@@ -61,7 +61,7 @@ def rerank_requests(draw: st.DrawFn) -> rerank_pb2.RerankRequest:
     request = rerank_pb2.RerankRequest(
         query=draw(texts),
         model=draw(st.sampled_from(RERANK_MODELS[:-1] * 3 + RERANK_MODELS[-1:])),
-        activation=draw(st.sampled_from([0, 1, 2] * 3 + [5])),
+        activation=draw(st.sampled_from([0, 1, 2, 3] * 3 + [5])),
         return_raw_scores=draw(st.booleans()),
     )
     for _ in range(draw(st.integers(min_value=0, max_value=12))):

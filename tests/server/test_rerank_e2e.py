@@ -81,10 +81,14 @@ def test_activation_choices(client: ScoringClient) -> None:
     raw_by_index = {h.index: h.raw_score for h in default.hits}
     for hit in raw.hits:
         assert hit.score == pytest.approx(raw_by_index[hit.index], abs=1e-5)
-    sigmoid = client.rerank(QUERY, DOCS, model="minilm", activation="sigmoid", return_raw_scores=True)
-    for hit in sigmoid.hits:  # similarity modes default to none but accept sigmoid
-        assert hit.score == pytest.approx(1 / (1 + math.exp(-hit.raw_score)), abs=1e-12)
     assert all(h.raw_score is None for h in raw.hits)
+    for similarity_model in ("minilm", "colbert"):  # a similarity squashed by a sigmoid is no probability
+        with pytest.raises(ScoringError) as error:
+            client.rerank(QUERY, DOCS, model=similarity_model, activation="sigmoid")
+        assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT and error.value.fields == ["activation"]
+    with pytest.raises(ScoringError) as error:  # softmax needs labels to share out
+        client.rerank(QUERY, DOCS, model=model, activation="softmax")
+    assert error.value.fields == ["activation"]
 
 
 @pytest.mark.parametrize("model", ["bert-cross-encoder", "qwen3-reranker", "colbert"])

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from scoring_plugin.models.pair_bert import second_segment_mask
-from scoring_plugin.rerank.similarity import activate, max_sim
+from scoring_plugin.rerank.scores import activated_score
+from scoring_plugin.rerank.similarity import max_sim
 from scoring_plugin.rerank.types import Activation
 from scoring_plugin.state_cache import RequestStateCache
 
@@ -55,9 +56,11 @@ def test_second_segment_mask_single_sequence_has_type_zero_until_sep() -> None:
 
 @pytest.mark.parametrize("raw", [-1e6, -750.0, -1.0, 0.0, 2.5, 750.0, 1e6])
 def test_sigmoid_stays_finite(raw: float) -> None:
-    value = activate(raw, Activation.SIGMOID)
+    value = activated_score([raw], 0, Activation.SIGMOID)
     assert math.isfinite(value) and 0.0 <= value <= 1.0
-    assert activate(raw, Activation.NONE) == raw
+    assert activated_score([raw], 0, Activation.NONE) == raw
+    shares = [activated_score([raw, 0.0, -raw], i, Activation.SOFTMAX) for i in range(3)]
+    assert all(math.isfinite(v) for v in shares) and math.isclose(sum(shares), 1.0)
 
 
 def test_max_sim_sums_best_matches() -> None:

@@ -6,7 +6,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from scoring_plugin.errors import InvalidInputError
-from scoring_plugin.rerank.prompts import PromptBuilder, SpecialTokenLayout
+from scoring_plugin.rerank.prompts import MAX_NAMED_VIOLATIONS, PromptBuilder, SpecialTokenLayout
 from scoring_plugin.rerank.settings import PromptTemplate, RerankMode, RerankSettings
 from scoring_plugin.rerank.types import (
     RerankDocumentInput,
@@ -76,6 +76,22 @@ def test_over_long_without_truncation_names_the_document(bert_tokenizer) -> None
     with pytest.raises(InvalidInputError) as err:
         builder.plan(RerankInput(query="q", documents=_docs("ok", "word " * 40)))
     assert [v.field for v in err.value.violations] == ["documents[1].text"]
+    assert "query and document together" in err.value.violations[0].description
+
+
+@pytest.mark.parametrize("mode", [RerankMode.CROSS_ENCODER, RerankMode.BI_ENCODER])
+def test_every_over_long_document_is_named_up_to_a_cap(bert_tokenizer, mode) -> None:  # type: ignore[no-untyped-def]
+    builder = PromptBuilder(bert_tokenizer, _settings(mode), 32)
+    long = "word " * 40
+    with pytest.raises(InvalidInputError) as err:
+        builder.plan(RerankInput(query="q", documents=_docs("ok", long, "fine", long, long)))
+    assert [v.field for v in err.value.violations] == [f"documents[{i}].text" for i in (1, 3, 4)]
+    with pytest.raises(InvalidInputError) as err:
+        builder.plan(RerankInput(query="q", documents=_docs(*[long] * (MAX_NAMED_VIOLATIONS + 5))))
+    named = err.value.violations
+    assert [v.field for v in named[:-1]] == [f"documents[{i}].text" for i in range(MAX_NAMED_VIOLATIONS)]
+    assert named[-1].field == "documents" and "5 more documents" in named[-1].description
+    assert f"{MAX_NAMED_VIOLATIONS + 5} in all" in named[-1].description
 
 
 def test_qwen3_template_matches_the_published_recipe(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -13,7 +13,6 @@ import sys
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 from vllm.utils.gc_utils import freeze_gc_heap
 
 from scoring.v1 import (
@@ -26,7 +25,7 @@ from scoring.v1 import (
     rerank_pb2,
     rerank_pb2_grpc,
 )
-from scoring_server import tracing
+from scoring_server import reflection, tracing
 from scoring_server.config import ModelKind, ModelSettings, ServerSettings
 from scoring_server.engines import EngineClientSlot, ModelRegistry, ServedModel
 from scoring_server import __version__
@@ -115,7 +114,6 @@ class ScoringServer:
                     ABSA_SERVICE,
                     IMAGE_RANK_SERVICE,
                     health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                    reflection.SERVICE_NAME,
                 ),
                 self.server,
             )
@@ -127,8 +125,19 @@ class ScoringServer:
         if self.port == 0:
             raise RuntimeError(f"cannot bind {settings.host}:{settings.port}")
 
+    def _health_names(self) -> list[str]:
+        """The names health knows: the server, each served kind's service and each model. Any
+        other name (a kind with no model, an unknown model) is never set, so Check answers
+        NOT_FOUND and Watch SERVICE_UNKNOWN, as the health protocol says, rather than a
+        NOT_SERVING that would never change."""
+        names = [""]
+        for model in self.registry.models.values():
+            service = _SERVICE_OF_KIND[model.settings.kind]
+            names += [n for n in (service, f"{service}/{model.settings.name}") if n not in names]
+        return names
+
     async def start(self) -> None:
-        for name in ("", *_SERVICE_OF_KIND.values()):
+        for name in self._health_names():
             await self.health.set(name, NOT_SERVING)
         await self.health.set(INFO_SERVICE, SERVING)
         await self.server.start()

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from scoring_plugin.image_rank.settings import OVERRIDES_KEY as IMAGE_RANK_OVERRIDES_KEY
+from scoring_server.checkpoints import UnservableModel, check_checkpoints
 from scoring_server.config import FLOAT32_MATMUL_PRECISIONS, ModelKind, ModelSettings, ServerSettings
 
 DEFAULT_DEMO_DIR = Path(os.environ.get("SCORING_DEMO_DIR", ".demo-models"))
@@ -153,6 +154,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     settings = settings_from_args(args)
     configure_logging(args.log_level, settings.log_format)
+    try:
+        check_checkpoints(settings.models)
+    except UnservableModel as error:
+        raise SystemExit(f"scoring-server: {error}") from None
     if settings.frontends > 1:
         from scoring_server.frontends import supervise
 

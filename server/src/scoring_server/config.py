@@ -143,6 +143,11 @@ class ModelSettings(BaseModel):
             return self.max_model_len
         return int(self._checkpoint_config().get("max_position_embeddings") or self.pack_tokens)
 
+    def served_config(self) -> dict[str, Any]:
+        """The checkpoint's config as its engine will see it: the deployment's overrides set
+        over config.json's top-level keys, as vLLM applies `hf_overrides`."""
+        return {**self._checkpoint_config(), **self.effective_hf_overrides()}
+
     def checkpoint_architectures(self) -> list[str]:
         architectures = self.hf_overrides.get("architectures") or self._checkpoint_config().get("architectures")
         return [str(a) for a in architectures or []]

@@ -23,7 +23,11 @@ from scoring_server.interception import BehaviorInterceptor, Streaming, Unary
 from scoring_server.metrics import IN_FLIGHT, REQUEST_SECONDS, REQUESTS
 
 logger = logging.getLogger("scoring_server.access")
-_QUIET_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection")
+_QUIET_SERVICES = (
+    "grpc.health.v1.Health",
+    "grpc.reflection.v1.ServerReflection",
+    "grpc.reflection.v1alpha.ServerReflection",
+)
 _CALL_FIELDS: ContextVar[dict[str, Any] | None] = ContextVar("call_fields", default=None)
 
 

@@ -34,6 +34,7 @@ _ACTIVATIONS = {
     None: rerank_pb2.ACTIVATION_UNSPECIFIED,
     "none": rerank_pb2.ACTIVATION_NONE,
     "sigmoid": rerank_pb2.ACTIVATION_SIGMOID,
+    "softmax": rerank_pb2.ACTIVATION_SOFTMAX,
 }
 _SIDES = {"right": common_pb2.TRUNCATION_SIDE_RIGHT, "left": common_pb2.TRUNCATION_SIDE_LEFT}
 
@@ -259,7 +260,7 @@ class ScoringClient:
         ids: Sequence[str] | None = None,
         return_documents: bool = False,
         return_raw_scores: bool = False,
-        activation: Literal["none", "sigmoid"] | None = None,
+        activation: Literal["none", "sigmoid", "softmax"] | None = None,
         truncate: Literal["right", "left"] | None = None,
         max_tokens: int | None = None,
         request_id: str = "",

@@ -31,6 +31,8 @@ from scoring_plugin.absa.types import (
     FlatPair,
     flatten,
 )
+from scoring_plugin.checkpoint_fit import check_fit
+from scoring_plugin.config_sections import as_dict
 from scoring_plugin.errors import FieldViolation, InvalidInputError, NonFiniteOutputError
 from scoring_plugin.io_processors.base import ScoringIOProcessor
 from scoring_plugin.io_processors.engine_request import EngineRequest
@@ -54,6 +56,7 @@ class AbsaIOProcessor(ScoringIOProcessor[AbsaInput, AbsaOutput, _RequestState]):
     def __init__(self, vllm_config: VllmConfig, renderer: BaseRenderer) -> None:
         super().__init__(vllm_config, renderer)
         model_config = vllm_config.model_config
+        check_fit(model_config.served_model_name, "absa", as_dict(model_config.hf_config), renderer.get_tokenizer())
         self.settings = AbsaSettings.from_hf_config(model_config.hf_config)
         self._packed = PACKED_MODERNBERT_ABSA_ARCHITECTURE in (model_config.hf_config.architectures or [])
         # A packed engine's length limit is per request (all pairs of a call); pairs keep theirs.

@@ -22,6 +22,8 @@ from vllm.outputs import PoolingRequestOutput
 from vllm.pooling_params import PoolingParams
 from vllm.renderers import BaseRenderer
 
+from scoring_plugin.checkpoint_fit import check_fit
+from scoring_plugin.config_sections import as_dict
 from scoring_plugin.errors import FieldViolation, InvalidInputError, NonFiniteOutputError
 from scoring_plugin.image_rank.fetch import url_problem
 from scoring_plugin.image_rank.loader import ImageLoader, LoadedImages
@@ -48,6 +50,7 @@ class ImageRankerIOProcessor(ScoringIOProcessor[ImageRankInput, ImageRankOutput,
     def __init__(self, vllm_config: VllmConfig, renderer: BaseRenderer) -> None:
         super().__init__(vllm_config, renderer)
         hf_config = vllm_config.model_config.hf_config
+        check_fit(vllm_config.model_config.served_model_name, "image_rank", as_dict(hf_config), None)
         self.settings = ImageRankSettings.from_hf_config(hf_config)
         self.max_model_len = self.settings.max_text_tokens
         self._tokenizer = renderer.get_tokenizer()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from vllm.config import VllmConfig
@@ -23,6 +24,8 @@ from vllm.outputs import PoolingRequestOutput
 from vllm.pooling_params import PoolingParams
 from vllm.renderers import BaseRenderer
 
+from scoring_plugin.checkpoint_fit import check_fit
+from scoring_plugin.config_sections import as_dict
 from scoring_plugin.errors import FieldViolation, InvalidInputError, NonFiniteOutputError
 from scoring_plugin.io_processors.base import ScoringIOProcessor
 from scoring_plugin.io_processors.engine_request import EngineRequest
@@ -30,7 +33,8 @@ from scoring_plugin.models import PACKED_QWEN3_ARCHITECTURE, PAIR_BERT_ARCHITECT
 from scoring_plugin.packing import LAYOUT_KEY, PACKED_TASK, PackedRequest, pack
 from scoring_plugin.rerank.prompts import EnginePrompt, PromptBuilder, RerankPlan
 from scoring_plugin.rerank.settings import RerankMode, RerankSettings
-from scoring_plugin.rerank.similarity import activate, cosine, cross_encoder_logit, max_sim
+from scoring_plugin.rerank.scores import activated_score, check_activation
+from scoring_plugin.rerank.similarity import SIMILARITIES, BiEncoderScoring, classifier_logits, max_sim
 from scoring_plugin.rerank.types import (
     Activation,
     RerankInput,
@@ -52,12 +56,18 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
     def __init__(self, vllm_config: VllmConfig, renderer: BaseRenderer) -> None:
         super().__init__(vllm_config, renderer)
         model_config = vllm_config.model_config
+        check_fit(model_config.served_model_name, "rerank", as_dict(model_config.hf_config), renderer.get_tokenizer())
         self.settings = RerankSettings.from_hf_config(model_config.hf_config)
         architectures = model_config.hf_config.architectures or []
         self._model_derives_token_types = PAIR_BERT_ARCHITECTURE in architectures
         self._packed = PACKED_QWEN3_ARCHITECTURE in architectures
-        if self._packed and self.settings.mode is not RerankMode.CROSS_ENCODER:
-            raise ValueError(f"{PACKED_QWEN3_ARCHITECTURE} serves cross-encoders only")
+        if self._packed and (self.settings.mode is not RerankMode.CROSS_ENCODER or self.settings.num_labels != 1):
+            raise ValueError(f"{PACKED_QWEN3_ARCHITECTURE} serves one-label cross-encoders only")
+        self._bi_encoder = (
+            BiEncoderScoring.of_checkpoint(Path(model_config.model))
+            if self.settings.mode is RerankMode.BI_ENCODER
+            else BiEncoderScoring()
+        )
         # A packed engine's length limit is per request (all pairs of a call); pairs keep theirs.
         self._request_tokens = int(model_config.max_model_len)
         self.max_model_len = min(self._request_tokens, self.settings.max_pair_tokens or self._request_tokens)
@@ -74,6 +84,15 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
         violations: list[FieldViolation] = []
         if not request.query.strip():
             violations.append(FieldViolation("query", "must not be empty"))
+        try:
+            check_activation(
+                request.activation,
+                self.settings.mode is RerankMode.CROSS_ENCODER,
+                self.settings.num_labels,
+                self.settings.mode.value,
+            )
+        except InvalidInputError as error:
+            violations += error.violations
         count = len(request.documents)
         if count == 0:
             violations.append(FieldViolation("documents", "at least one document is required"))
@@ -95,6 +114,10 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
                 violations.append(
                     FieldViolation(f"documents[{i}].token_ids", "must hold at least one token id")
                 )
+            elif doc.text is not None and not doc.text.strip():
+                # As for the query: a blank text carries nothing to score, and a score for it
+                # would only rank the prompt around it.
+                violations.append(FieldViolation(f"documents[{i}].text", "must not be empty"))
         if violations:
             raise InvalidInputError(violations)
 
@@ -120,10 +143,11 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
 
     def _pooling_params(self, extra: dict[str, Any] | None = None) -> PoolingParams:
         # Cross-encoders return raw logits: the activation is applied in post_process, so the
-        # response can carry both the raw and the activated score.
+        # response can carry both the raw and the activated score. Bi-encoder embeddings come
+        # normalized or not as the checkpoint's own pipeline leaves them.
         return PoolingParams(
             task=PACKED_TASK if self._packed else self.settings.mode.pooling_task,
-            use_activation=self.settings.mode is not RerankMode.CROSS_ENCODER,
+            use_activation=self.settings.mode is not RerankMode.CROSS_ENCODER and self._bi_encoder.normalized,
             extra_kwargs=extra,
         )
 
@@ -176,15 +200,18 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
         expected = len(plan.prompts) if state.packed is None else len(state.packed)
         if len(data) != expected:
             raise ValueError(f"expected {expected} outputs, got {len(data)}")
-        raw = self._raw_scores(plan, data, state.packed)
+        logits = self._logits(plan, data, state.packed)
         activation = (
-            self.settings.mode.default_activation
+            self.settings.default_activation.activation
             if request.activation is Activation.DEFAULT
             else request.activation
         )
+        label = self.settings.score_label
         results = []
-        for i, (doc, score) in enumerate(zip(request.documents, raw)):
-            activated = activate(score, activation)
+        for i, doc in enumerate(request.documents):
+            scores = logits[i]
+            score = scores[label]
+            activated = activated_score(scores, label, activation)
             if not (math.isfinite(score) and math.isfinite(activated)):
                 raise NonFiniteOutputError(f"the model produced a non-finite score for documents[{i}]")
             results.append(
@@ -206,22 +233,25 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
             engine_requests=expected,
         )
 
-    def _raw_scores(self, plan: RerankPlan, data: list[Any], packed: list[PackedRequest] | None) -> list[float]:
+    def _logits(self, plan: RerankPlan, data: list[Any], packed: list[PackedRequest] | None) -> list[list[float]]:
+        """Per document, the values its score is taken from: a classifier's logits (one per
+        label), or a similarity alone."""
         mode = self.settings.mode
         if mode is RerankMode.CROSS_ENCODER:  # packed requests: one score per segment
-            logits = (
-                [cross_encoder_logit(d) for d in data]
-                if packed is None
-                else _unpack(packed, data, len(plan.prompts))
-            )
+            if packed is None:
+                logits = [classifier_logits(d) for d in data]
+                if any(len(v) != self.settings.num_labels for v in logits):
+                    raise ValueError(f"expected {self.settings.num_labels} logits per pair")
+            else:
+                logits = [[v] for v in _unpack(packed, data, len(plan.prompts))]
             return [logits[p] for p in plan.document_prompt]
         assert plan.query_prompt is not None
         query = data[plan.query_prompt]
-        similarity = cosine if mode is RerankMode.BI_ENCODER else max_sim
-        scores: dict[int, float] = {}
+        similarity = SIMILARITIES[self._bi_encoder.similarity] if mode is RerankMode.BI_ENCODER else max_sim
+        scores: dict[int, list[float]] = {}
         for p in plan.document_prompt:
             if p not in scores:
-                scores[p] = similarity(query, data[p])
+                scores[p] = [similarity(query, data[p])]
         return [scores[p] for p in plan.document_prompt]
 
 

@@ -13,6 +13,7 @@ import torch
 from vllm.config import VllmConfig
 from vllm.model_executor.models.bert import BertForSequenceClassification
 from vllm.sequence import IntermediateTensors
+from vllm.tokenizers.registry import cached_tokenizer_from_config
 
 
 def second_segment_mask(
@@ -33,10 +34,17 @@ def second_segment_mask(
 
 
 def required_sep_token_id(vllm_config: VllmConfig, architecture: str) -> int:
-    """Segments are found by the separator token, so the checkpoint must name it."""
-    sep = getattr(vllm_config.model_config.hf_config, "sep_token_id", None)
+    """Segments are found by the separator token: config.json's `sep_token_id`, else the
+    tokenizer's (many published BERT configs leave it out; their tokenizer always has it)."""
+    model_config = vllm_config.model_config
+    sep = getattr(model_config.hf_config, "sep_token_id", None)
     if sep is None:
-        raise ValueError(f"{architecture} needs `sep_token_id` in config.json")
+        sep = getattr(cached_tokenizer_from_config(model_config), "sep_token_id", None)
+    if sep is None:
+        raise ValueError(
+            f"{architecture} needs a separator token: neither config.json's `sep_token_id` nor "
+            "the tokenizer names one"
+        )
     return int(sep)
 
 

@@ -74,22 +74,44 @@ def _ids(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+# Over-long items named one by one in an error, at most; the rest are counted.
+MAX_NAMED_VIOLATIONS = 10
+
+
 @dataclass(frozen=True, slots=True)
 class TokenBudget:
     max_tokens: int
     truncate: bool
     side: TruncationSide
 
-    def fit(self, ids: list[int], budget: int, field: str, what: str) -> list[int]:
+    def fit(self, ids: list[int], budget: int) -> list[int] | None:
+        """The ids within `budget`, cut on `side` when the caller consented; None when they do
+        not fit and may not be cut."""
         if len(ids) <= budget:
             return ids
         if not self.truncate:
-            raise InvalidInputError.single(
-                field,
-                f"{what} needs {len(ids)} tokens but only {budget} fit in the limit of "
-                f"{self.max_tokens} tokens per item; shorten it or set `truncation`",
-            )
+            return None
         return ids[:budget] if self.side is TruncationSide.RIGHT else ids[len(ids) - budget :]
+
+    def refuse(self, over: list[tuple[str, int, int]], pairs: bool) -> InvalidInputError:
+        """Every over-long item (field, tokens, room) named, up to MAX_NAMED_VIOLATIONS."""
+        counted = "query and document together" if pairs else "each text alone"
+        violations = [
+            FieldViolation(
+                field,
+                f"{'the query' if field == 'query' else 'the document'} needs {tokens} tokens but only {room} fit in the limit of {self.max_tokens} "
+                f"tokens per item ({counted}, with the model's special tokens); shorten it or set `truncation`",
+            )
+            for field, tokens, room in over[:MAX_NAMED_VIOLATIONS]
+        ]
+        if len(over) > MAX_NAMED_VIOLATIONS:
+            violations.append(
+                FieldViolation(
+                    "documents",
+                    f"{len(over) - MAX_NAMED_VIOLATIONS} more documents over the limit ({len(over)} in all)",
+                )
+            )
+        return InvalidInputError(violations)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,11 +167,8 @@ class PromptBuilder:
             head = self._pair_head(query_ids)
             candidates = self._pairs(head, document_ids, request.documents, budget)
             return _deduplicate(candidates, None, shared_prefix=len(head))
-        candidates = [
-            self._single(ids, budget, _document_field(i, doc), "the document")
-            for i, (ids, doc) in enumerate(zip(document_ids, request.documents))
-        ]
-        return _deduplicate(candidates, self._single(query_ids, budget, "query", "the query"))
+        query, candidates = self._singles(query_ids, document_ids, request.documents, budget)
+        return _deduplicate(candidates, query)
 
     def _tokenize(self, request: RerankInput) -> tuple[list[int], list[list[int]]]:
         """One batched tokenizer call for the query and every text document."""
@@ -210,19 +229,36 @@ class PromptBuilder:
                 f"leaving no room for a document within {budget.max_tokens} tokens",
             )
         second_segment = len(head) if types else None
-        return [
-            EnginePrompt(
-                tuple(head + budget.fit(ids, room, _document_field(i, doc), "the document") + tail),
-                second_segment,
-            )
-            for i, (ids, doc) in enumerate(zip(document_ids, documents))
-        ]
+        prompts: list[EnginePrompt] = []
+        over: list[tuple[str, int, int]] = []
+        for i, (ids, doc) in enumerate(zip(document_ids, documents)):
+            body = budget.fit(ids, room)
+            if body is None:
+                over.append((_document_field(i, doc), len(ids), room))
+            else:
+                prompts.append(EnginePrompt(tuple(head + body + tail), second_segment))
+        if over:
+            raise budget.refuse(over, pairs=True)
+        return prompts
 
-    def _single(self, ids: list[int], budget: TokenBudget, field: str, what: str) -> EnginePrompt:
+    def _singles(
+        self, query_ids: list[int], document_ids: list[list[int]], documents: list[RerankDocumentInput], budget: TokenBudget
+    ) -> tuple[EnginePrompt, list[EnginePrompt]]:
+        """The query and each document as prompts of their own (similarity modes)."""
         layout = self._layout
         room = budget.max_tokens - len(layout.single_prefix) - len(layout.single_suffix)
-        body = budget.fit(ids, room, field, what)
-        return EnginePrompt((*layout.single_prefix, *body, *layout.single_suffix))
+        fields = ["query", *(_document_field(i, doc) for i, doc in enumerate(documents))]
+        prompts: list[EnginePrompt] = []
+        over: list[tuple[str, int, int]] = []
+        for field, ids in zip(fields, [query_ids, *document_ids]):
+            body = budget.fit(ids, room)
+            if body is None:
+                over.append((field, len(ids), room))
+            else:
+                prompts.append(EnginePrompt((*layout.single_prefix, *body, *layout.single_suffix)))
+        if over:
+            raise budget.refuse(over, pairs=False)
+        return prompts[0], prompts[1:]
 
 
 def _document_field(index: int, doc: RerankDocumentInput) -> str:

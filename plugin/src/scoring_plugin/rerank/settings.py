@@ -15,6 +15,13 @@ from scoring_plugin.config_sections import (
     overrides_key,
     read_section,
 )
+from scoring_plugin.rerank.scores import (
+    ActivationChoice,
+    checkpoint_activation,
+    label_names,
+    num_labels_of,
+    score_label,
+)
 from scoring_plugin.rerank.types import Activation
 
 CONFIG_KEY = "scoring_rerank"
@@ -31,11 +38,6 @@ class RerankMode(str, Enum):
     @property
     def pooling_task(self) -> str:
         return _TASKS[self]
-
-    @property
-    def default_activation(self) -> Activation:
-        # A cross-encoder emits a logit; similarities are already on a meaningful scale.
-        return Activation.SIGMOID if self is RerankMode.CROSS_ENCODER else Activation.NONE
 
 
 _TASKS = {
@@ -65,6 +67,12 @@ class RerankSettings:
     pooler_graphs: bool = True
     # With pooler_graphs: steps up to this many tokens replay whole, attention included (0: off).
     pooler_full_graph_tokens: int = DEFAULT_FULL_GRAPH_TOKENS
+    # Cross-encoders: the classifier's labels and the one whose logit is the score.
+    num_labels: int = 1
+    score_label: int = 0
+    score_label_name: str = ""
+    # What a request that names no activation gets, and where that came from (GetInfo).
+    default_activation: ActivationChoice = ActivationChoice(Activation.NONE, "similarity score")
 
     @classmethod
     def from_hf_config(cls, hf_config: Any) -> RerankSettings:
@@ -86,6 +94,12 @@ class RerankSettings:
         max_pair_tokens = own.get("max_pair_tokens")
         if max_pair_tokens is not None and int(max_pair_tokens) < 8:
             raise ValueError(f"{CONFIG_KEY}.max_pair_tokens must be >= 8, got {max_pair_tokens}")
+        cross_encoder = mode is RerankMode.CROSS_ENCODER
+        num_labels = num_labels_of(raw) if cross_encoder else 1
+        if not cross_encoder and str(own.get("activation", "none")).lower() != "none":
+            raise ValueError(f"{CONFIG_KEY}.activation: a {mode.value} model's similarity takes no activation")
+        label = score_label(raw, own, CONFIG_KEY, num_labels) if cross_encoder else 0
+        names = label_names(raw, num_labels)
         return cls(
             mode=mode,
             template=template,
@@ -94,6 +108,14 @@ class RerankSettings:
             max_pair_tokens=None if max_pair_tokens is None else int(max_pair_tokens),
             pooler_graphs=bool(own.get("pooler_graphs", True)),
             pooler_full_graph_tokens=full_graph_tokens(own, CONFIG_KEY),
+            num_labels=num_labels,
+            score_label=label,
+            score_label_name=names[label] if cross_encoder else "",
+            default_activation=(
+                checkpoint_activation(raw, own, CONFIG_KEY, num_labels)
+                if cross_encoder
+                else ActivationChoice(Activation.NONE, f"{mode.value} similarity")
+            ),
         )
 
 

@@ -14,6 +14,8 @@ class Activation(str, Enum):
     DEFAULT = "default"
     NONE = "none"
     SIGMOID = "sigmoid"
+    # Over a classifier's labels (two or more), then the scored label's share.
+    SOFTMAX = "softmax"
 
 
 class TruncationSide(str, Enum):

@@ -9,6 +9,7 @@ from scoring.v1 import common_pb2, info_pb2, info_pb2_grpc, rerank_pb2
 from scoring_plugin.io_processors.absa import AbsaIOProcessor
 from scoring_plugin.io_processors.image_ranker import ImageRankerIOProcessor
 from scoring_plugin.rerank.settings import RerankMode
+from scoring_plugin.rerank.types import Activation
 from scoring_server import __version__
 from scoring_server.config import ModelKind, ServerSettings
 from scoring_server.engines import ModelRegistry
@@ -30,10 +31,10 @@ _MATMUL_PRECISIONS = {
     "medium": info_pb2.FLOAT32_MATMUL_PRECISION_MEDIUM,
     "tf32x3": info_pb2.FLOAT32_MATMUL_PRECISION_TF32X3,
 }
-_DEFAULT_ACTIVATIONS = {
-    RerankMode.CROSS_ENCODER: rerank_pb2.ACTIVATION_SIGMOID,
-    RerankMode.BI_ENCODER: rerank_pb2.ACTIVATION_NONE,
-    RerankMode.LATE_INTERACTION: rerank_pb2.ACTIVATION_NONE,
+_ACTIVATIONS = {
+    Activation.NONE: rerank_pb2.ACTIVATION_NONE,
+    Activation.SIGMOID: rerank_pb2.ACTIVATION_SIGMOID,
+    Activation.SOFTMAX: rerank_pb2.ACTIVATION_SOFTMAX,
 }
 
 
@@ -83,9 +84,13 @@ class InfoServicer(info_pb2_grpc.InfoServiceServicer):
                 info.image_size = image.image_size
                 info.fetch_timeout_ms = round(image.fetch_timeout_s * 1000)
             elif processor is not None:
-                mode = processor.settings.mode
-                info.rerank_mode = _MODES[mode]
-                info.default_activation = _DEFAULT_ACTIVATIONS[mode]
+                rerank = processor.settings
+                info.rerank_mode = _MODES[rerank.mode]
+                info.default_activation = _ACTIVATIONS[rerank.default_activation.activation]
+                info.activation_source = rerank.default_activation.source
+                if rerank.mode is RerankMode.CROSS_ENCODER:
+                    info.num_labels = rerank.num_labels
+                    info.score_label = rerank.score_label_name
             if model.engine is not None:
                 info.engine_requests_in_flight = (
                     model.engine.output_processor.get_num_unfinished_requests()

@@ -24,6 +24,7 @@ _ACTIVATIONS = {
     rerank_pb2.ACTIVATION_UNSPECIFIED: Activation.DEFAULT,
     rerank_pb2.ACTIVATION_NONE: Activation.NONE,
     rerank_pb2.ACTIVATION_SIGMOID: Activation.SIGMOID,
+    rerank_pb2.ACTIVATION_SOFTMAX: Activation.SOFTMAX,
 }
 
 

@@ -1,0 +1,150 @@
+"""Published checkpoints score as sentence-transformers scores them.
+
+Each variant of the configs users deploy (tests/support/published.py: BERT and XLM-R
+cross-encoders with and without sentence-transformers' `activation_fn`, its pre-v4 key, one and
+two labels, a config without `sep_token_id`; bi-encoder pipelines with cosine and dot
+similarity) is served by one server, with the checkpoint's own settings and nothing else, and
+compared with `CrossEncoder.predict` / `SentenceTransformer.similarity`: single documents,
+whole batches and duplicates, fp32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import yaml
+from sentence_transformers import CrossEncoder, SentenceTransformer
+
+from support.published import VARIANTS, Published
+from support.servers import RunningServer, start_server, stop_server
+from scoring.v1 import rerank_pb2
+from scoring_client import ScoringClient, ScoringError
+
+QUERY = "how do cats sleep"
+DOCUMENTS = [
+    "Cats sleep twelve to sixteen hours a day, mostly during the afternoon.",
+    "The stock market closed higher on Friday after a week of losses.",
+    "Kittens sleep even more than adult cats do.",
+    "what is the capital of France? Paris is the capital and largest city.",
+    "Cats sleep twelve to sixteen hours a day, mostly during the afternoon.",  # a duplicate
+]
+# fp32 on both sides; what remains is summation order.
+TOLERANCE = 1e-5
+EXPECTED_SOURCES = {
+    "bert-l1-default": (rerank_pb2.ACTIVATION_SIGMOID, "sentence-transformers default for one label"),
+    "bert-l1-identity-nosep": (rerank_pb2.ACTIVATION_NONE, "config.json sentence_transformers.activation_fn"),
+    "bert-l2-default": (rerank_pb2.ACTIVATION_NONE, "sentence-transformers default for several labels"),
+    "xlmr-l1-legacy-identity": (rerank_pb2.ACTIVATION_NONE, "config.json sbert_ce_default_activation_function"),
+    "xlmr-l2-softmax": (rerank_pb2.ACTIVATION_SOFTMAX, "config.json sentence_transformers.activation_fn"),
+    "st-mean-cosine": (rerank_pb2.ACTIVATION_NONE, "bi_encoder similarity"),
+    "st-cls-dot": (rerank_pb2.ACTIVATION_NONE, "bi_encoder similarity"),
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("published")
+    paths = {}
+    for variant in VARIANTS:
+        paths[variant.name] = root / variant.name
+        paths[variant.name].mkdir()
+        variant.build(paths[variant.name])
+    return paths
+
+
+@pytest.fixture(scope="module")
+def server(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    work = tmp_path_factory.mktemp("published-server")
+    config = {"models": [
+        {"name": name, "kind": "rerank", "path": str(path), "dtype": "float32",
+         "engine_args": {"enforce_eager": True, "kv_cache_memory_bytes": 32 * 1024 * 1024}}
+        for name, path in checkpoints.items()
+    ]}
+    (work / "server.yaml").write_text(yaml.safe_dump(config))
+    running = start_server(["--config", str(work / "server.yaml")], work / "server.log")  # all models
+    yield running
+    assert stop_server(running) == 0, running.log_tail()
+
+
+def _reference(variant: Published, path: Path) -> tuple[np.ndarray, np.ndarray | None]:
+    """The reference library's scores for QUERY against DOCUMENTS: a cross-encoder's
+    `predict` (and with softmax applied), a bi-encoder's `similarity`."""
+    if variant.bi_encoder:
+        model = SentenceTransformer(str(path), device="cpu")
+        similarity = model.similarity(model.encode([QUERY]), model.encode(DOCUMENTS))
+        return similarity.numpy().reshape(-1), None
+    model = CrossEncoder(str(path), device="cpu")
+    pairs = [(QUERY, d) for d in DOCUMENTS]
+    return model.predict(pairs), model.predict(pairs, apply_softmax=True)
+
+
+def _scores(client: ScoringClient, model: str, documents: list[str], **kwargs: object) -> list[float]:
+    result = client.rerank(QUERY, documents, model=model, **kwargs)
+    by_index = {hit.index: hit.score for hit in result.hits}
+    return [by_index[i] for i in range(len(documents))]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=[v.name for v in VARIANTS])
+def test_scores_match_sentence_transformers(
+    variant: Published, checkpoints: dict[str, Path], server: RunningServer
+) -> None:
+    predicted, softmaxed = _reference(variant, checkpoints[variant.name])
+    # A classifier with two labels is scored by its second label: predict's column for it.
+    expected = predicted[:, 1] if predicted.ndim == 2 else predicted
+    with ScoringClient(server.target) as client:
+        batched = _scores(client, variant.name, DOCUMENTS)
+        single = [_scores(client, variant.name, [d])[0] for d in DOCUMENTS]
+    np.testing.assert_allclose(batched, expected, atol=TOLERANCE, rtol=1e-6)
+    np.testing.assert_allclose(single, batched, atol=TOLERANCE, rtol=0)
+    assert batched[0] == batched[4]  # duplicates in one call: identical
+    assert np.argsort(-np.array(batched), kind="stable").tolist() == np.argsort(-expected, kind="stable").tolist()
+    if softmaxed is not None and softmaxed.ndim == 2:
+        with ScoringClient(server.target) as client:
+            shares = _scores(client, variant.name, DOCUMENTS, activation="softmax")
+        np.testing.assert_allclose(shares, softmaxed[:, 1], atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if not v.bi_encoder], ids=lambda v: v.name)
+def test_raw_logits_are_always_available(variant: Published, checkpoints: dict[str, Path], server: RunningServer) -> None:
+    """`activation: none` and `return_raw_scores` give the scored label's logit, whatever the
+    checkpoint's default."""
+    model = CrossEncoder(str(checkpoints[variant.name]), device="cpu")
+    logits = model.predict([(QUERY, d) for d in DOCUMENTS], activation_fn=lambda x: x)
+    expected = logits[:, 1] if logits.ndim == 2 else logits
+    with ScoringClient(server.target) as client:
+        none = _scores(client, variant.name, DOCUMENTS, activation="none")
+        result = client.rerank(QUERY, DOCUMENTS, model=variant.name, return_raw_scores=True, activation="sigmoid")
+    raw = [h.raw_score for h in sorted(result.hits, key=lambda h: h.index)]
+    np.testing.assert_allclose(none, expected, atol=TOLERANCE, rtol=0)
+    np.testing.assert_allclose(raw, expected, atol=TOLERANCE, rtol=0)
+    sigmoid = [h.score for h in sorted(result.hits, key=lambda h: h.index)]
+    np.testing.assert_allclose(sigmoid, 1 / (1 + np.exp(-expected)), atol=TOLERANCE, rtol=0)
+
+
+def test_get_info_reports_the_activation_and_where_it_came_from(server: RunningServer) -> None:
+    with ScoringClient(server.target) as client:
+        models = {m.name: m for m in client.info().models}
+    for name, (activation, source) in EXPECTED_SOURCES.items():
+        assert (models[name].default_activation, models[name].activation_source) == (activation, source), name
+    assert models["bert-l2-default"].num_labels == 2 and models["bert-l2-default"].score_label == "LABEL_1"
+    assert models["bert-l1-default"].num_labels == 1
+
+
+@pytest.mark.parametrize(
+    ("model", "activation", "why"),
+    [
+        ("st-mean-cosine", "sigmoid", "bi_encoder"),
+        ("st-cls-dot", "softmax", "bi_encoder"),
+        ("bert-l1-default", "softmax", "1 label"),
+    ],
+)
+def test_activations_that_do_not_apply_are_refused(server: RunningServer, model: str, activation: str, why: str) -> None:
+    with ScoringClient(server.target) as client, pytest.raises(ScoringError) as error:
+        client.rerank(QUERY, DOCUMENTS[:2], model=model, activation=activation)
+    assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.fields == ["activation"]
+    assert why in error.value.details
