@@ -22,6 +22,7 @@ from scoring_plugin.absa.heads import AbsaHeads
 from scoring_plugin.config_sections import as_dict
 from scoring_plugin.absa.settings import AbsaSettings
 from scoring_plugin.absa.spans import best_span, evidence_bounds
+from scoring_plugin.rerank.types import TruncationOptions
 
 
 @dataclass
@@ -115,8 +116,18 @@ class AbsaReference:
         self.settings = AbsaSettings.from_hf_config({**as_dict(config), **(hf_overrides or {})})
 
     @torch.no_grad()
-    def analyze(self, pairs: list[tuple[str, str]], batch_size: int = 32) -> list[ReferenceJudgement]:
-        """(aspect, review) pairs; batches are right-padded, as a Hugging Face server would."""
+    def analyze(
+        self, pairs: list[tuple[str, str]], batch_size: int = 32, truncation: TruncationOptions | None = None
+    ) -> list[ReferenceJudgement]:
+        """(aspect, review) pairs; batches are right-padded, as a Hugging Face server would.
+        `truncation` (`max_tokens` resolved to the served limit): the review alone is cut, the
+        pair within `max_tokens`, as the served path cuts it."""
+        cut: dict[str, Any] = {}
+        if truncation is not None:
+            if truncation.max_tokens is None:
+                raise ValueError("the reference needs the truncation limit resolved")
+            self.tokenizer.truncation_side = truncation.side.value
+            cut = {"truncation": "only_second", "max_length": truncation.max_tokens}
         judgements: list[ReferenceJudgement] = []
         for first in range(0, len(pairs), batch_size):
             chunk = pairs[first : first + batch_size]
@@ -126,6 +137,7 @@ class AbsaReference:
                 padding=True,
                 return_offsets_mapping=True,
                 return_tensors="pt",
+                **cut,
             )
             offsets = enc.pop("offset_mapping").tolist()
             out = self.model(**enc)

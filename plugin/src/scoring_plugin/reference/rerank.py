@@ -31,6 +31,7 @@ from scoring_plugin.rerank.settings import (
     RerankMode,
     RerankSettings,
 )
+from scoring_plugin.rerank.types import TruncationOptions
 
 DTYPE = torch.float32
 Scorer = Callable[[str, list[str], bool], list[float]]
@@ -40,12 +41,27 @@ def _chunks(documents: list[str], batched: bool) -> list[list[str]]:
     return [documents] if batched else [[d] for d in documents]
 
 
-def bi_encoder(path: Path) -> Scorer:
+def _cut(tokenizer, truncation: TruncationOptions | None, strategy: str | bool, reserved: int = 0) -> dict:
+    """The tokenizer's own arguments for cutting as the served path does under `truncation`
+    (its `max_tokens` resolved to the served limit): the prompt within `max_tokens`, special
+    tokens kept; strategy "only_second" cuts the document of a pair alone. `reserved`: tokens
+    the prompt holds besides what this tokenizer call returns."""
+    if truncation is None:
+        return {}
+    if truncation.max_tokens is None:
+        raise ValueError("the reference needs the truncation limit resolved")
+    tokenizer.truncation_side = truncation.side.value
+    return {"truncation": strategy, "max_length": truncation.max_tokens - reserved}
+
+
+def bi_encoder(path: Path, truncation: TruncationOptions | None = None) -> Scorer:
+    """`truncation`: the query and each document cut alone, as the served path does."""
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModel.from_pretrained(path, dtype=DTYPE).eval()
+    cut = _cut(tokenizer, truncation, True)
 
     def embed(texts: list[str]) -> torch.Tensor:
-        enc = tokenizer(texts, padding=True, return_tensors="pt")
+        enc = tokenizer(texts, padding=True, return_tensors="pt", **cut)
         hidden = model(**enc).last_hidden_state
         mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * mask).sum(1) / mask.sum(1)  # sentence-transformers mean pooling
@@ -59,35 +75,42 @@ def bi_encoder(path: Path) -> Scorer:
     return score
 
 
-def pair_cross_encoder(path: Path) -> Scorer:
-    """The tokenizer's own pair encoding (token types included), e.g. BERT cross-encoders."""
+def pair_cross_encoder(path: Path, truncation: TruncationOptions | None = None) -> Scorer:
+    """The tokenizer's own pair encoding (token types included), e.g. BERT cross-encoders.
+    `truncation`: the document alone is cut."""
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForSequenceClassification.from_pretrained(path, dtype=DTYPE).eval()
+    cut = _cut(tokenizer, truncation, "only_second")
 
     @torch.no_grad()
     def score(query: str, documents: list[str], batched: bool) -> list[float]:
         out: list[float] = []
         for chunk in _chunks(documents, batched):
-            enc = tokenizer([query] * len(chunk), chunk, padding=True, return_tensors="pt")
+            enc = tokenizer([query] * len(chunk), chunk, padding=True, return_tensors="pt", **cut)
             out += model(**enc).logits[:, 0].tolist()
         return out
 
     return score
 
 
-def _qwen3_inputs(tokenizer, query: str, documents: list[str]) -> dict[str, torch.Tensor]:
-    """Qwen3-Reranker's published recipe: prefix + formatted pair + suffix, right-padded."""
+def _qwen3_inputs(
+    tokenizer, query: str, documents: list[str], truncation: TruncationOptions | None = None
+) -> dict[str, torch.Tensor]:
+    """Qwen3-Reranker's published recipe: prefix + formatted pair + suffix, right-padded.
+    `truncation`: the document alone is cut, the whole prompt within the limit."""
     prefix = tokenizer(QWEN3_SYSTEM_PREFIX, add_special_tokens=False)["input_ids"]
     suffix = tokenizer(QWEN3_SUFFIX, add_special_tokens=False)["input_ids"]
-    rows = [
-        prefix
-        + tokenizer(
-            f"<Instruct>: {QWEN3_DEFAULT_INSTRUCTION}\n<Query>: {query}\n<Document>: {d}",
-            add_special_tokens=False,
+    head = f"<Instruct>: {QWEN3_DEFAULT_INSTRUCTION}\n<Query>: {query}\n<Document>:"
+    if truncation is None:
+        bodies = [tokenizer(f"{head} {d}", add_special_tokens=False)["input_ids"] for d in documents]
+    else:
+        # The pair (head, " " + document) without special tokens is the formatted text's
+        # tokens, split where the document starts, so the tokenizer can cut the document.
+        cut = _cut(tokenizer, truncation, "only_second", reserved=len(prefix) + len(suffix))
+        bodies = tokenizer(
+            [head] * len(documents), [f" {d}" for d in documents], add_special_tokens=False, **cut
         )["input_ids"]
-        + suffix
-        for d in documents
-    ]
+    rows = [prefix + body + suffix for body in bodies]
     width = max(len(r) for r in rows)
     pad = tokenizer.pad_token_id
     ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
@@ -95,7 +118,7 @@ def _qwen3_inputs(tokenizer, query: str, documents: list[str]) -> dict[str, torc
     return {"input_ids": ids, "attention_mask": mask, "lengths": torch.tensor([len(r) for r in rows])}
 
 
-def qwen3_seq_cls(path: Path, dtype: torch.dtype = DTYPE) -> Scorer:
+def qwen3_seq_cls(path: Path, dtype: torch.dtype = DTYPE, truncation: TruncationOptions | None = None) -> Scorer:
     """`dtype`: fp32 for parity; another dtype measures what that dtype alone does to scores
     (`bench/reference_dtype_check.py`)."""
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -105,7 +128,7 @@ def qwen3_seq_cls(path: Path, dtype: torch.dtype = DTYPE) -> Scorer:
     def score(query: str, documents: list[str], batched: bool) -> list[float]:
         out: list[float] = []
         for chunk in _chunks(documents, batched):
-            enc = _qwen3_inputs(tokenizer, query, chunk)
+            enc = _qwen3_inputs(tokenizer, query, chunk, truncation)
             enc.pop("lengths")
             out += model(**enc).logits[:, 0].tolist()
         return out
@@ -113,7 +136,7 @@ def qwen3_seq_cls(path: Path, dtype: torch.dtype = DTYPE) -> Scorer:
     return score
 
 
-def qwen3_original_reranker(path: Path) -> Scorer:
+def qwen3_original_reranker(path: Path, truncation: TruncationOptions | None = None) -> Scorer:
     """The causal LM scored as in Qwen3-Reranker: logit("yes") - logit("no") at the last token,
     whose sigmoid equals the published softmax over (no, yes)."""
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -124,7 +147,7 @@ def qwen3_original_reranker(path: Path) -> Scorer:
     def score(query: str, documents: list[str], batched: bool) -> list[float]:
         out: list[float] = []
         for chunk in _chunks(documents, batched):
-            enc = _qwen3_inputs(tokenizer, query, chunk)
+            enc = _qwen3_inputs(tokenizer, query, chunk, truncation)
             lengths = enc.pop("lengths")
             logits = model(**enc).logits
             last = logits[torch.arange(len(chunk)), lengths - 1]
@@ -134,12 +157,14 @@ def qwen3_original_reranker(path: Path) -> Scorer:
     return score
 
 
-def colbert(path: Path) -> Scorer:
+def colbert(path: Path, truncation: TruncationOptions | None = None) -> Scorer:
+    """`truncation`: the query and each document cut alone, as the served path does."""
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = ColBERTReference.from_pretrained(path, dtype=DTYPE).eval()
+    cut = _cut(tokenizer, truncation, True)
 
     def tokens(texts: list[str]) -> list[torch.Tensor]:
-        enc = tokenizer(texts, padding=True, return_tensors="pt")
+        enc = tokenizer(texts, padding=True, return_tensors="pt", **cut)
         vectors = model(enc["input_ids"], enc["attention_mask"])
         return [v[m.bool()] for v, m in zip(vectors, enc["attention_mask"])]
 
@@ -155,17 +180,20 @@ def colbert(path: Path) -> Scorer:
     return score
 
 
-def reference_for(path: Path, hf_overrides: dict[str, object] | None = None) -> Scorer:
+def reference_for(
+    path: Path, hf_overrides: dict[str, object] | None = None, truncation: TruncationOptions | None = None
+) -> Scorer:
     """The reference for a checkpoint as served with `hf_overrides` (the same settings the
-    reranker IO processor derives)."""
+    reranker IO processor derives). `truncation`: cut over-long input as requests carrying it
+    are cut, `max_tokens` resolved to the served limit (the same tokens kept)."""
     raw = {**as_dict(AutoConfig.from_pretrained(path)), **(hf_overrides or {})}
     settings = RerankSettings.from_hf_config(raw)
     if settings.mode is RerankMode.BI_ENCODER:
-        return bi_encoder(path)
+        return bi_encoder(path, truncation)
     if settings.mode is RerankMode.LATE_INTERACTION:
-        return colbert(path)
+        return colbert(path, truncation)
     if settings.template is PromptTemplate.QWEN3_RERANKER:
         if raw.get("is_original_qwen3_reranker"):
-            return qwen3_original_reranker(path)
-        return qwen3_seq_cls(path)
-    return pair_cross_encoder(path)
+            return qwen3_original_reranker(path, truncation)
+        return qwen3_seq_cls(path, truncation=truncation)
+    return pair_cross_encoder(path, truncation)

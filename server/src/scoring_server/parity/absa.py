@@ -8,8 +8,10 @@ from typing import Any
 
 from scoring_plugin.absa.types import AbsaInput, AbsaOutput, AbsaPairInput
 from scoring_plugin.reference.absa import AbsaReference, ReferenceJudgement
+from scoring_plugin.rerank.types import TruncationOptions
 from scoring_server.config import ModelSettings
 from scoring_server.parity.comparisons import compare_paths, summarize
+from scoring_server.parity.inputs import Inputs, check_planned, checked
 from scoring_server.parity.plugin_path import PluginPath
 
 
@@ -24,12 +26,16 @@ class Judgement:
         return cls(ref.label, ref.probabilities, ref.span)
 
 
-def read_pairs(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+@dataclass(frozen=True, slots=True)
+class Pair:
+    line: int
+    aspect: str
+    review: str
+
+
+def read_pairs(inputs: Inputs) -> list[Pair]:
     """JSONL rows {"aspect": ..., "review": ...}."""
-    try:
-        return [(str(r["aspect"]), str(r["review"])) for r in rows]
-    except KeyError as exc:
-        raise SystemExit(f"every ABSA input line needs `aspect` and `review`: missing {exc}") from None
+    return checked(inputs, lambda f: Pair(f.line.number, f.text("aspect"), f.text("review")))
 
 
 def _judgements(output: AbsaOutput) -> list[Judgement]:
@@ -43,13 +49,18 @@ def _judgements(output: AbsaOutput) -> list[Judgement]:
     ]
 
 
-async def _plugin(path: PluginPath, pairs: list[tuple[str, str]], batched: bool) -> list[Judgement]:
+def _request(pairs: list[Pair], truncation: TruncationOptions | None) -> AbsaInput:
+    return AbsaInput(pairs=[AbsaPairInput(p.aspect, p.review) for p in pairs], truncation=truncation)
+
+
+async def _plugin(
+    path: PluginPath, pairs: list[Pair], batched: bool, truncation: TruncationOptions | None
+) -> list[Judgement]:
     """Batched: as many pairs per request as the model accepts; single: one pair per request."""
     size = path.processor.settings.max_pairs if batched else 1
     out: list[Judgement] = []
     for first in range(0, len(pairs), size):
-        request = AbsaInput(pairs=[AbsaPairInput(a, r) for a, r in pairs[first : first + size]])
-        out += _judgements(await path.run(request))
+        out += _judgements(await path.run(_request(pairs[first : first + size], truncation)))
     return out
 
 
@@ -68,14 +79,23 @@ def compare(expected: list[Judgement], actual: list[Judgement]) -> dict[str, Any
     }
 
 
-async def absa_report(settings: ModelSettings, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    pairs = read_pairs(rows)
-    def reference() -> list[Judgement]:
+async def absa_report(
+    settings: ModelSettings, inputs: Inputs, truncation: TruncationOptions | None = None
+) -> dict[str, Any]:
+    """`truncation`: on every request (the review is cut), and the reference cuts the same tokens."""
+    pairs = read_pairs(inputs)
+
+    async def check(path: PluginPath) -> TruncationOptions | None:
+        # One pair a request, so a violation names its line; the line's fields are the pair's.
+        requests = [(p.line, _request([p], truncation)) for p in pairs]
+        return await check_planned(path, requests, truncation, field=lambda name: name.removeprefix("pairs[0]."))
+
+    def reference(cut: TruncationOptions | None) -> list[Judgement]:
         model = AbsaReference(settings.path, hf_overrides=settings.effective_hf_overrides())
-        return [Judgement.of_reference(j) for j in model.analyze(pairs)]
+        return [Judgement.of_reference(j) for j in model.analyze([(p.aspect, p.review) for p in pairs], truncation=cut)]
 
     report, batched = await compare_paths(
-        settings, reference, lambda path, batched: _plugin(path, pairs, batched), compare
+        settings, check, reference, lambda path, batched: _plugin(path, pairs, batched, truncation), compare
     )
     # How the served model labels these inputs (thresholds from config included).
     report["plugin_labels_fp32"] = dict(sorted(Counter(j.label for j in batched).items()))

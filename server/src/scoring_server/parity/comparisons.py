@@ -10,6 +10,7 @@ from scoring_server.config import ModelSettings
 from scoring_server.parity.plugin_path import PluginPath, started
 
 R = TypeVar("R")
+C = TypeVar("C")
 
 
 def summarize(diffs: list[float], what: str) -> dict[str, float]:
@@ -28,17 +29,20 @@ def served_label(settings: ModelSettings) -> str:
 
 async def compare_paths(
     settings: ModelSettings,
-    reference: Callable[[], R],
+    check: Callable[[PluginPath], Awaitable[C]],
+    reference: Callable[[C], R],
     run: Callable[[PluginPath, bool], Awaitable[R]],
     compare: Callable[[R, R], dict[str, Any]],
 ) -> tuple[dict[str, Any], R]:
-    """`run(path, batched)` scores the inputs through the plugin path; returns the report and
-    the fp32 batched results (IEEE matmuls, whatever ``settings`` serves). The engines run
-    first and `reference()` only after they have shut down: the Hugging Face reference may
-    initialise CUDA in this process (transformers asks for the device count), and an engine
-    process forked after that cannot use the GPU."""
+    """`check(path)` vets the inputs on the first engine, before anything is scored, and what
+    it returns goes to `reference`; `run(path, batched)` scores the inputs through the plugin
+    path. Returns the report and the fp32 batched results (IEEE matmuls, whatever ``settings``
+    serves). The engines run first and `reference` only after they have shut down: the
+    Hugging Face reference may initialise CUDA in this process (transformers asks for the
+    device count), and an engine process forked after that cannot use the GPU."""
     strict = {"dtype": "float32", "float32_matmul_precision": "highest"}
     async with started(settings.model_copy(update=strict)) as fp32:
+        checked = await check(fp32)
         batched = await run(fp32, True)
         single = await run(fp32, False)
     served = served_single = None
@@ -50,7 +54,7 @@ async def compare_paths(
             served = await run(path, True)
             served_single = await run(path, False)
     report: dict[str, Any] = {
-        "reference_vs_plugin_fp32": compare(reference(), batched),
+        "reference_vs_plugin_fp32": compare(reference(checked), batched),
         "single_vs_batched_fp32": compare(batched, single),
     }
     if served is not None and served_single is not None:

@@ -2,39 +2,51 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from scoring_plugin.reference.rerank import reference_for
-from scoring_plugin.rerank.types import RerankDocumentInput, RerankInput
+from scoring_plugin.rerank.types import RerankDocumentInput, RerankInput, TruncationOptions
 from scoring_server.config import ModelSettings
 from scoring_server.parity.comparisons import compare_paths, summarize
+from scoring_server.parity.inputs import Inputs, check_planned, checked
 from scoring_server.parity.plugin_path import PluginPath
 
 Scores = list[list[float]]  # per query, per document (request order)
 
 
-def read_queries(rows: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+@dataclass(frozen=True, slots=True)
+class Query:
+    line: int
+    text: str
+    documents: list[str]
+
+
+def read_queries(inputs: Inputs) -> list[Query]:
     """JSONL rows {"query": ..., "documents": [...]}."""
-    try:
-        return [(str(r["query"]), [str(d) for d in r["documents"]]) for r in rows]
-    except KeyError as exc:
-        raise SystemExit(f"every rerank input line needs `query` and `documents`: missing {exc}") from None
+    return checked(inputs, lambda f: Query(f.line.number, f.text("query"), f.texts("documents")))
 
 
-async def _plugin(path: PluginPath, queries: list[tuple[str, list[str]]], batched: bool) -> Scores:
+def _request(query: str, documents: list[str], truncation: TruncationOptions | None) -> RerankInput:
+    return RerankInput(
+        query=query,
+        documents=[RerankDocumentInput(text=d) for d in documents],
+        return_raw_scores=True,
+        truncation=truncation,
+    )
+
+
+async def _plugin(
+    path: PluginPath, queries: list[Query], batched: bool, truncation: TruncationOptions | None
+) -> Scores:
     """Batched: every document of a query in one request; single: one document per request."""
     out: Scores = []
-    for query, documents in queries:
-        groups = [documents] if batched else [[d] for d in documents]
+    for query in queries:
+        groups = [query.documents] if batched else [[d] for d in query.documents]
         scores: list[float] = []
         for group in groups:
-            request = RerankInput(
-                query=query,
-                documents=[RerankDocumentInput(text=d) for d in group],
-                return_raw_scores=True,
-            )
-            result = await path.run(request)
+            result = await path.run(_request(query.text, group, truncation))
             by_index = {r.index: r.raw_score for r in result.results}
             scores += [by_index[i] for i in range(len(group))]
         out.append(scores)
@@ -55,13 +67,21 @@ def compare(expected: Scores, actual: Scores) -> dict[str, Any]:
     }
 
 
-async def rerank_report(settings: ModelSettings, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    queries = read_queries(rows)
-    def reference() -> list[list[float]]:
-        scorer = reference_for(Path(settings.path), settings.hf_overrides)
-        return [scorer(q, docs, True) for q, docs in queries]
+async def rerank_report(
+    settings: ModelSettings, inputs: Inputs, truncation: TruncationOptions | None = None
+) -> dict[str, Any]:
+    """`truncation`: on every request, and the reference cuts the same tokens."""
+    queries = read_queries(inputs)
+
+    async def check(path: PluginPath) -> TruncationOptions | None:
+        requests = [(q.line, _request(q.text, q.documents, truncation)) for q in queries]
+        return await check_planned(path, requests, truncation)
+
+    def reference(cut: TruncationOptions | None) -> list[list[float]]:
+        scorer = reference_for(Path(settings.path), settings.hf_overrides, truncation=cut)
+        return [scorer(q.text, q.documents, True) for q in queries]
 
     report, _ = await compare_paths(
-        settings, reference, lambda path, batched: _plugin(path, queries, batched), compare
+        settings, check, reference, lambda path, batched: _plugin(path, queries, batched, truncation), compare
     )
     return report
