@@ -1,17 +1,40 @@
-"""The README's examples run verbatim against the demo server (only the port differs)."""
+"""The README's examples run verbatim (only ports differ, and the demo directory where a run
+puts it elsewhere): calls against the demo server, and every command of its shell blocks."""
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 import subprocess
 import sys
+import time
+import urllib.request
+from pathlib import Path
 
 import pytest
 
-from support.servers import REPO, RunningServer, tool_env
+from support.servers import DEMO_DIR, REPO, RunningServer, free_port, launch, stop_server, tool_env
+from scoring_client import ScoringClient
 
 README = (REPO / "README.md").read_text()
 BLOCKS = re.findall(r"```(\w+)\n(.*?)```", README, flags=re.S)
+# Every shell command, continuation lines joined, comments dropped.
+COMMANDS = [
+    line.split("   #")[0].strip()
+    for kind, block in BLOCKS if kind == "sh"
+    for line in block.replace("\\\n", " ").splitlines()
+    if line.strip() and not line.startswith("#")
+]
+# Each command's first word and the test that runs it (make test is what CI itself runs).
+RUN_BY = {
+    "make": "CI (.ci/run runs `make test`; `make demo` serves what tests/deploy checks)",
+    "grpcurl": "test_grpcurl_examples",
+    ".venv/bin/scoring-server": "test_serving_commands",
+    ".venv/bin/scoring-parity": "test_parity_commands",
+    ".venv/bin/python": "test_plugin_without_our_server",
+    "curl": "test_plugin_without_our_server",
+}
 
 
 def _for(server: RunningServer, text: str) -> str:
@@ -49,3 +72,75 @@ def test_grpcurl_examples(demo_server: RunningServer, line: str) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip()
+
+
+def _local(command: str) -> str:
+    """The command as this run can run it: the demo checkpoints where this run built them."""
+    return command.replace(".demo-models/", f"{DEMO_DIR}/")
+
+
+def test_every_readme_command_is_run_by_a_test() -> None:
+    assert COMMANDS
+    for command in COMMANDS:
+        assert command.split()[0] in RUN_BY, f"no test runs this README command: {command}"
+
+
+@pytest.mark.parametrize("command", [c for c in COMMANDS if c.startswith(".venv/bin/scoring-server")])
+def test_serving_commands(demo_models: dict, tmp_path: Path, command: str) -> None:
+    port = free_port()
+    words = shlex.split(_local(command).replace("--port 50052", f"--port {port}"))
+    server = launch([*words, "--host", "127.0.0.1"], port, tmp_path / "server.log", env=tool_env())
+    try:
+        with ScoringClient(server.target) as client:
+            result = client.rerank("how do cats sleep", ["Cats nap all day.", "Stocks fell."])
+        assert sorted(h.index for h in result.hits) == [0, 1]
+    finally:
+        assert stop_server(server) == 0, server.log_tail()
+
+
+@pytest.mark.parametrize("command", [c for c in COMMANDS if c.startswith(".venv/bin/scoring-parity")])
+def test_parity_commands(demo_models: dict, command: str) -> None:
+    done = subprocess.run(
+        shlex.split(_local(command)), cwd=REPO, capture_output=True, text=True, timeout=900, env=tool_env()
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.rstrip().endswith("PASS")
+
+
+def test_plugin_without_our_server(demo_models: dict, tmp_path: Path) -> None:
+    """`vllm serve` with our plugin, as the README starts it on the CPU build, on the demo
+    cross-encoder whose config.json lacks `sep_token_id`; then the README's curl call."""
+    (serve,) = [c for c in COMMANDS if c.startswith(".venv/bin/python -m vllm")]
+    (call,) = [c for c in COMMANDS if c.startswith("curl")]
+    assert "sep_token_id" not in json.loads((DEMO_DIR / "bert-cross-encoder" / "config.json").read_text())
+    port = free_port()
+    with (tmp_path / "serve.log").open("wb") as log:
+        process = subprocess.Popen(
+            shlex.split(_local(serve).replace("--port 8000", f"--port {port} --host 127.0.0.1")),
+            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=tool_env(),
+        )
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert process.poll() is None, (tmp_path / "serve.log").read_text()[-4000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "the README's vllm server did not become healthy"
+            time.sleep(1)
+        done = subprocess.run(
+            _local(call).replace("localhost:8000", f"127.0.0.1:{port}"),
+            shell=True, cwd=REPO, capture_output=True, text=True, timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        results = json.loads(done.stdout)["data"]["results"]
+        assert len(results) == 1 and results[0]["index"] == 0 and 0 < results[0]["score"] < 1, done.stdout
+    finally:
+        process.terminate()
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()

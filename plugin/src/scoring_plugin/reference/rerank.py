@@ -75,9 +75,9 @@ def bi_encoder(path: Path, truncation: TruncationOptions | None = None) -> Score
     return score
 
 
-def pair_cross_encoder(path: Path, truncation: TruncationOptions | None = None) -> Scorer:
+def pair_cross_encoder(path: Path, truncation: TruncationOptions | None = None, label: int = 0) -> Scorer:
     """The tokenizer's own pair encoding (token types included), e.g. BERT cross-encoders.
-    `truncation`: the document alone is cut."""
+    `truncation`: the document alone is cut. `label`: the one whose logit is the score."""
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForSequenceClassification.from_pretrained(path, dtype=DTYPE).eval()
     cut = _cut(tokenizer, truncation, "only_second")
@@ -87,7 +87,7 @@ def pair_cross_encoder(path: Path, truncation: TruncationOptions | None = None) 
         out: list[float] = []
         for chunk in _chunks(documents, batched):
             enc = tokenizer([query] * len(chunk), chunk, padding=True, return_tensors="pt", **cut)
-            out += model(**enc).logits[:, 0].tolist()
+            out += model(**enc).logits[:, label].tolist()
         return out
 
     return score
@@ -196,4 +196,4 @@ def reference_for(
         if raw.get("is_original_qwen3_reranker"):
             return qwen3_original_reranker(path, truncation)
         return qwen3_seq_cls(path, truncation=truncation)
-    return pair_cross_encoder(path, truncation)
+    return pair_cross_encoder(path, truncation, settings.score_label)

@@ -39,7 +39,7 @@ from scoring_server.demo.rerank import (
 __all__ = ["build_demo_models", "build_qwen3_tokenizer", "minilm_path", "pair_aware_overrides"]
 
 # Bumped whenever a builder changes, so stale demo directories are rebuilt.
-_BUILD = {"seed": SEED, "version": 3}
+_BUILD = {"seed": SEED, "version": 4}
 _BUILDERS: dict[str, Callable[[Path], None]] = {
     "bert-cross-encoder": build_bert_cross_encoder,
     "qwen3-seq-cls": build_qwen3_seq_cls,

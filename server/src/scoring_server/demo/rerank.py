@@ -3,6 +3,7 @@ layout (random weights, deterministic seed: reproducible, not meaningful scores)
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -43,9 +44,14 @@ _CORPUS = [
 
 
 def build_bert_cross_encoder(target: Path) -> None:
+    """Its config.json names no `sep_token_id`, as many published ms-marco cross-encoders'
+    do not: the separator comes from the tokenizer."""
     model = BertForSequenceClassification(bert_config(num_labels=1)).eval()
     model.save_pretrained(target)
     copy_bert_tokenizer(target)
+    config = json.loads((target / "config.json").read_text())
+    config.pop("sep_token_id", None)
+    (target / "config.json").write_text(json.dumps(config, indent=2))
 
 
 def build_colbert(target: Path) -> None:
