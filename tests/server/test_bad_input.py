@@ -96,3 +96,12 @@ def test_server_still_healthy_after_bad_input(client: ScoringClient) -> None:
     assert len(client.rerank("q", [DOC]).hits) == 1
 
 
+
+
+@pytest.mark.parametrize("model", ["minilm", "bert-cross-encoder"])
+def test_blank_texts_are_refused_alike(client: ScoringClient, model: str) -> None:
+    """One empty-text policy: a blank document is refused like a blank query, each named."""
+    with pytest.raises(ScoringError) as error:
+        client.rerank("", ["fine", " \n", ""], model=model)
+    assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.fields == ["query", "documents[1].text", "documents[2].text"]
