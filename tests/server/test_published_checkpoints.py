@@ -10,6 +10,8 @@ whole batches and duplicates, fp32.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +22,7 @@ import yaml
 from sentence_transformers import CrossEncoder, SentenceTransformer
 
 from support.published import VARIANTS, Published
-from support.servers import RunningServer, start_server, stop_server
+from support.servers import RunningServer, start_server, stop_server, tool_env
 from scoring.v1 import rerank_pb2
 from scoring_client import ScoringClient, ScoringError
 
@@ -148,3 +150,18 @@ def test_activations_that_do_not_apply_are_refused(server: RunningServer, model:
     assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert error.value.fields == ["activation"]
     assert why in error.value.details
+
+
+def test_a_kind_that_does_not_fit_is_refused_at_start(checkpoints: dict[str, Path]) -> None:
+    """`--model-kind absa` on a plain cross-encoder: the server exits 1 with one line naming the
+    model, what the kind needs and what the checkpoint has, before any engine starts."""
+    path = checkpoints["bert-l1-default"]
+    done = subprocess.run(
+        [sys.executable, "-m", "scoring_server", "--model-path", str(path), "--model-kind", "absa",
+         "--dtype", "float32", "--port", "0"],
+        capture_output=True, text=True, timeout=300, env=tool_env(),
+    )
+    assert done.returncode == 1
+    assert "model 'bert-l1-default' cannot be served as absa: it needs an aspect-sentiment architecture" in done.stderr
+    assert "BertForSequenceClassification" in done.stderr and "Traceback" not in done.stderr
+    assert "Initializing a V1 LLM engine" not in done.stdout + done.stderr
