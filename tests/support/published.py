@@ -24,7 +24,6 @@ from scoring_server.demo.common import MAX_MODEL_LEN, bert_config, copy_bert_tok
 
 IDENTITY = "torch.nn.modules.linear.Identity"
 SIGMOID = "torch.nn.modules.activation.Sigmoid"
-SOFTMAX = "torch.nn.modules.activation.Softmax"
 _XLMR_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 _CORPUS = [
     "a b x y the is hello world",
@@ -142,7 +141,7 @@ VARIANTS = [
     Published("bert-l1-identity-nosep", bert_cross_encoder(1, IDENTITY, without_sep=True)),
     Published("bert-l2-default", bert_cross_encoder(2)),
     Published("xlmr-l1-legacy-identity", xlmr_cross_encoder(1, IDENTITY, legacy=True)),
-    Published("xlmr-l2-softmax", xlmr_cross_encoder(2, SOFTMAX)),
+    Published("xlmr-l2-sigmoid", xlmr_cross_encoder(2, SIGMOID)),
     Published("st-mean-cosine", st_bi_encoder("mean", "cosine", normalize=True), bi_encoder=True),
     Published("st-cls-dot", st_bi_encoder("cls", "dot", normalize=False), bi_encoder=True),
 ]

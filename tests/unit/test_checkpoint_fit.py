@@ -86,11 +86,6 @@ def test_image_rank_kind_on_a_text_model() -> None:
     assert "ClipImageRanker" in _refused("image_rank", CLASSIFIER, None).needs
 
 
-def test_pair_tokenizer_without_a_separator(plain_bpe: Any) -> None:
-    error = _refused("rerank", CLASSIFIER, plain_bpe)
-    assert "separates a pair's two texts" in error.needs
-
-
 def test_classifier_words_that_are_not_one_token(plain_bpe: Any) -> None:
     config = {
         "architectures": ["Qwen3ForSequenceClassification"],

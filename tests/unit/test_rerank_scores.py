@@ -54,8 +54,10 @@ def test_two_labels_score_the_second_with_identity_by_default() -> None:
     # a config.json saved with two labels names none (transformers' default)
     bare = _settings()
     assert bare.num_labels == 2 and bare.score_label_name == "LABEL_1"
-    softmax = _settings(sentence_transformers={"activation_fn": SOFTMAX})
-    assert softmax.default_activation.activation is Activation.SOFTMAX
+    with pytest.raises(ValueError, match="Softmax"):
+        _settings(sentence_transformers={"activation_fn": SOFTMAX})
+    chosen = _settings(sentence_transformers={"activation_fn": SOFTMAX}, scoring_rerank_overrides={"activation": "softmax"})
+    assert chosen.default_activation.activation is Activation.SOFTMAX
 
 
 def test_three_labels_need_a_score_label() -> None:
@@ -73,7 +75,7 @@ def test_three_labels_need_a_score_label() -> None:
     [
         ({"sentence_transformers": {"activation_fn": "torch.nn.modules.activation.Tanh"}}, "Tanh"),
         ({"sentence_transformers": {"activation_fn": "my_package.Custom"}}, "my_package.Custom"),
-        ({"sentence_transformers": {"activation_fn": SOFTMAX}}, "softmax needs a classifier with 2 or more labels"),
+        ({"scoring_rerank_overrides": {"activation": "softmax"}}, "softmax needs a classifier with 2 or more labels"),
         ({"scoring_rerank_overrides": {"activation": "relu"}}, "scoring_rerank.activation must be one of"),
     ],
 )

@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 from scoring_plugin.models import ABSA_ARCHITECTURES, IMAGE_RANK_ARCHITECTURE, PACKABLE_ARCHITECTURES
 from scoring_plugin.rerank.prompts import SpecialTokenLayout
-from scoring_plugin.rerank.settings import PromptTemplate, RerankMode, RerankSettings
+from scoring_plugin.rerank.settings import RerankMode, RerankSettings
 
 _PACKED = {kind: set(packed.values()) for kind, packed in PACKABLE_ARCHITECTURES.items()}
 _ABSA = {*ABSA_ARCHITECTURES, *_PACKED["absa"]}
@@ -76,18 +76,9 @@ def _check_tokenizer(
     settings: RerankSettings, config: dict[str, Any], tokenizer: Any, refuse: Callable[[str, str], NoReturn]
 ) -> None:
     try:
-        layout = SpecialTokenLayout.learn(tokenizer)
+        SpecialTokenLayout.learn(tokenizer)
     except ValueError as error:
         refuse("a tokenizer whose special-token layout can be learned", str(error))
-    if (
-        settings.mode is RerankMode.CROSS_ENCODER
-        and settings.template is PromptTemplate.TOKENIZER_PAIR
-        and not layout.pair_middle
-    ):
-        refuse(
-            "a tokenizer that separates a pair's two texts (a sep_token in its pair template)",
-            "a tokenizer that runs query and document together",
-        )
     for word in config.get("classifier_from_token") or []:
         ids = tokenizer(str(word), add_special_tokens=False)["input_ids"]
         if len(ids) != 1:

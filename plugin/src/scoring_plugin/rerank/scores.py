@@ -23,11 +23,12 @@ from typing import Any
 from scoring_plugin.errors import FieldViolation, InvalidInputError
 from scoring_plugin.rerank.types import Activation
 
-# The torch activation classes sentence-transformers checkpoints name, by class name.
+# The torch activation classes sentence-transformers checkpoints name, by class name. A
+# checkpoint naming Softmax is refused (scoring_rerank.activation chooses): CrossEncoder's
+# implicit-dimension Softmax did not score like a softmax over the labels in our comparison.
 _TORCH_ACTIVATIONS = {
     "Identity": Activation.NONE,
     "Sigmoid": Activation.SIGMOID,
-    "Softmax": Activation.SOFTMAX,
 }
 _BY_SETTING = {a.value: a for a in (Activation.NONE, Activation.SIGMOID, Activation.SOFTMAX)}
 
