@@ -41,7 +41,7 @@ EXPECTED_SOURCES = {
     "bert-l1-identity-nosep": (rerank_pb2.ACTIVATION_NONE, "config.json sentence_transformers.activation_fn"),
     "bert-l2-default": (rerank_pb2.ACTIVATION_NONE, "sentence-transformers default for several labels"),
     "xlmr-l1-legacy-identity": (rerank_pb2.ACTIVATION_NONE, "config.json sbert_ce_default_activation_function"),
-    "xlmr-l2-sigmoid": (rerank_pb2.ACTIVATION_SIGMOID, "config.json sentence_transformers.activation_fn"),
+    "xlmr-l2-default": (rerank_pb2.ACTIVATION_NONE, "sentence-transformers default for several labels"),
     "st-mean-cosine": (rerank_pb2.ACTIVATION_NONE, "bi_encoder similarity"),
     "st-cls-dot": (rerank_pb2.ACTIVATION_NONE, "bi_encoder similarity"),
 }

@@ -141,7 +141,7 @@ VARIANTS = [
     Published("bert-l1-identity-nosep", bert_cross_encoder(1, IDENTITY, without_sep=True)),
     Published("bert-l2-default", bert_cross_encoder(2)),
     Published("xlmr-l1-legacy-identity", xlmr_cross_encoder(1, IDENTITY, legacy=True)),
-    Published("xlmr-l2-sigmoid", xlmr_cross_encoder(2, SIGMOID)),
+    Published("xlmr-l2-default", xlmr_cross_encoder(2)),
     Published("st-mean-cosine", st_bi_encoder("mean", "cosine", normalize=True), bi_encoder=True),
     Published("st-cls-dot", st_bi_encoder("cls", "dot", normalize=False), bi_encoder=True),
 ]

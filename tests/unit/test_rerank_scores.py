@@ -56,6 +56,8 @@ def test_two_labels_score_the_second_with_identity_by_default() -> None:
     assert bare.num_labels == 2 and bare.score_label_name == "LABEL_1"
     with pytest.raises(ValueError, match="Softmax"):
         _settings(sentence_transformers={"activation_fn": SOFTMAX})
+    with pytest.raises(ValueError, match="classifier of 2 labels is not applied"):
+        _settings(sentence_transformers={"activation_fn": SIGMOID})
     chosen = _settings(sentence_transformers={"activation_fn": SOFTMAX}, scoring_rerank_overrides={"activation": "softmax"})
     assert chosen.default_activation.activation is Activation.SOFTMAX
 

@@ -53,7 +53,15 @@ def checkpoint_activation(raw: dict[str, Any], own: dict[str, Any], section: str
         ("config.json sbert_ce_default_activation_function", raw.get("sbert_ce_default_activation_function")),
     ):
         if path:
-            return _checked(ActivationChoice(_from_torch_path(str(path), key, section), key), num_labels)
+            activation = _from_torch_path(str(path), key, section)
+            if num_labels > 1 and activation is not Activation.NONE:
+                # CrossEncoder.predict did not score such checkpoints as activation(logits)[label]
+                # in our comparison (their raw logits match ours): refused until understood.
+                raise ValueError(
+                    f"{key} {path!r} on a classifier of {num_labels} labels is not applied here; "
+                    f"set {section}.activation to choose one"
+                )
+            return _checked(ActivationChoice(activation, key), num_labels)
     if num_labels == 1:
         return ActivationChoice(Activation.SIGMOID, "sentence-transformers default for one label")
     return ActivationChoice(Activation.NONE, "sentence-transformers default for several labels")
