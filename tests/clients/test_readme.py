@@ -8,13 +8,11 @@ import re
 import shlex
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from support.servers import DEMO_DIR, REPO, RunningServer, free_port, launch, stop_server, tool_env
+from support.servers import DEMO_DIR, REPO, RunningServer, free_port, launch, stop_server, tool_env, vllm_http_server
 from scoring_client import ScoringClient
 
 README = (REPO / "README.md").read_text()
@@ -114,33 +112,12 @@ def test_plugin_without_our_server(demo_models: dict, tmp_path: Path) -> None:
     (call,) = [c for c in COMMANDS if c.startswith("curl")]
     assert "sep_token_id" not in json.loads((DEMO_DIR / "bert-cross-encoder" / "config.json").read_text())
     port = free_port()
-    with (tmp_path / "serve.log").open("wb") as log:
-        process = subprocess.Popen(
-            shlex.split(_local(serve).replace("--port 8000", f"--port {port} --host 127.0.0.1")),
-            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=tool_env(),
-        )
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            assert process.poll() is None, (tmp_path / "serve.log").read_text()[-4000:]
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "the README's vllm server did not become healthy"
-            time.sleep(1)
+    command = shlex.split(_local(serve).replace("--port 8000", f"--port {port} --host 127.0.0.1"))
+    with vllm_http_server(command, port, tmp_path / "serve.log") as base:
         done = subprocess.run(
-            _local(call).replace("localhost:8000", f"127.0.0.1:{port}"),
+            _local(call).replace("localhost:8000", base),
             shell=True, cwd=REPO, capture_output=True, text=True, timeout=120,
         )
         assert done.returncode == 0, done.stderr
         results = json.loads(done.stdout)["data"]["results"]
         assert len(results) == 1 and results[0]["index"] == 0 and 0 < results[0]["score"] < 1, done.stdout
-    finally:
-        process.terminate()
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()

@@ -9,10 +9,7 @@ The ABSA model needs no overrides: its architecture is registered by the plugin.
 from __future__ import annotations
 
 import json
-import signal
 import sys
-import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -21,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from support.servers import free_port, tool_env
+from support.servers import free_port, vllm_http_server
 from scoring_client import ScoringClient
 from scoring_server.demo import pair_aware_overrides
 
@@ -64,28 +61,8 @@ def _vllm_serve(
     ]
     if overrides:
         command += ["--hf-overrides", json.dumps(overrides)]
-    with log.open("wb") as sink:
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=tool_env())
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            assert process.poll() is None, Path(log).read_text()[-4000:]
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "vllm serve did not become healthy"
-            time.sleep(1)
+    with vllm_http_server(command, port, log) as base:
         yield base
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ weights. Scores are compared with sentence-transformers on them."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,9 +66,7 @@ def bert_cross_encoder(num_labels: int, activation: str | None = None, *, legacy
         copy_bert_tokenizer(target)
         _st_section(target, activation, legacy)
         if without_sep:  # as many published ms-marco configs are
-            config = json.loads((target / "config.json").read_text())
-            config.pop("sep_token_id", None)
-            (target / "config.json").write_text(json.dumps(config, indent=2))
+            patch_config(target, {}, drop=("sep_token_id",))
 
     return build
 

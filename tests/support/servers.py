@@ -1,5 +1,5 @@
-"""Starting, reaching and stopping real server processes (`python -m scoring_server ...` and the
-container's command), shared by every tier that talks to a server."""
+"""Starting, reaching and stopping real server processes (`python -m scoring_server ...`, the
+container's command, vLLM's own HTTP server), shared by every tier that talks to a server."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -148,3 +151,31 @@ def grpcurl(server: RunningServer, *args: str, data: dict | None = None) -> subp
         command += ["-d", json.dumps(data)]
     command += [server.target, *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=90)
+
+
+@contextmanager
+def vllm_http_server(command: list[str], port: int, log: Path) -> Iterator[str]:
+    """vLLM's OpenAI-compatible server (`vllm serve`'s) started from the repository root; yields
+    its base URL once `/health` answers 200, stops it with SIGINT on exit."""
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, cwd=REPO, env=tool_env())
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            assert process.poll() is None, log.read_text()[-4000:]
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"{command[:4]} did not become healthy"
+            time.sleep(1)
+        yield base
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()

@@ -69,12 +69,10 @@ def check_fit(model: str, kind: str, config: dict[str, Any], tokenizer: Any | No
     if mode is RerankMode.LATE_INTERACTION and not any("ColBERT" in a for a in architectures):
         refuse("a ColBERT checkpoint for rerank mode late_interaction")
     if tokenizer is not None:
-        _check_tokenizer(settings, config, tokenizer, refuse)
+        _check_tokenizer(config, tokenizer, refuse)
 
 
-def _check_tokenizer(
-    settings: RerankSettings, config: dict[str, Any], tokenizer: Any, refuse: Callable[[str, str], NoReturn]
-) -> None:
+def _check_tokenizer(config: dict[str, Any], tokenizer: Any, refuse: Callable[[str, str], NoReturn]) -> None:
     try:
         SpecialTokenLayout.learn(tokenizer)
     except ValueError as error:

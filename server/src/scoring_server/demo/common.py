@@ -43,8 +43,11 @@ def copy_bert_tokenizer(target: Path) -> None:
         shutil.copy(minilm_path() / name, target / name)
 
 
-def patch_config(target: Path, values: dict[str, object]) -> None:
+def patch_config(target: Path, values: dict[str, object], drop: tuple[str, ...] = ()) -> None:
+    """Sets `values` in a saved checkpoint's config.json and removes the keys in `drop`."""
     path = target / "config.json"
     config = json.loads(path.read_text())
     config.update(values)
+    for key in drop:
+        config.pop(key, None)
     path.write_text(json.dumps(config, indent=2))

@@ -3,7 +3,6 @@ layout (random weights, deterministic seed: reproducible, not meaningful scores)
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -49,9 +48,7 @@ def build_bert_cross_encoder(target: Path) -> None:
     model = BertForSequenceClassification(bert_config(num_labels=1)).eval()
     model.save_pretrained(target)
     copy_bert_tokenizer(target)
-    config = json.loads((target / "config.json").read_text())
-    config.pop("sep_token_id", None)
-    (target / "config.json").write_text(json.dumps(config, indent=2))
+    patch_config(target, {}, drop=("sep_token_id",))
 
 
 def build_colbert(target: Path) -> None:
