@@ -1,8 +1,9 @@
 """Published checkpoints score as sentence-transformers scores them.
 
 Each variant of the configs users deploy (tests/support/published.py: BERT and XLM-R
-cross-encoders with and without sentence-transformers' `activation_fn`, its pre-v4 key, one and
-two labels, a config without `sep_token_id`; bi-encoder pipelines with cosine and dot
+cross-encoders with and without sentence-transformers' `activation_fn` (Identity, Sigmoid,
+Softmax), its pre-v4 key, one, two and three labels (the third scored by the deployment's
+`score_label`), a config without `sep_token_id`; bi-encoder pipelines with cosine and dot
 similarity) is served by one server, with the checkpoint's own settings and nothing else, and
 compared with `CrossEncoder.predict` / `SentenceTransformer.similarity`: single documents,
 whole batches and duplicates, fp32.
@@ -18,6 +19,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+import torch
 import yaml
 from sentence_transformers import CrossEncoder, SentenceTransformer
 
@@ -42,6 +44,9 @@ EXPECTED_SOURCES = {
     "bert-l2-default": (rerank_pb2.ACTIVATION_NONE, "sentence-transformers default for several labels"),
     "xlmr-l1-legacy-identity": (rerank_pb2.ACTIVATION_NONE, "config.json sbert_ce_default_activation_function"),
     "xlmr-l2-default": (rerank_pb2.ACTIVATION_NONE, "sentence-transformers default for several labels"),
+    "xlmr-l2-sigmoid": (rerank_pb2.ACTIVATION_SIGMOID, "config.json sentence_transformers.activation_fn"),
+    "bert-l2-softmax": (rerank_pb2.ACTIVATION_SOFTMAX, "config.json sentence_transformers.activation_fn"),
+    "bert-l3-softmax-label": (rerank_pb2.ACTIVATION_SOFTMAX, "config.json sentence_transformers.activation_fn"),
     "st-mean-cosine": (rerank_pb2.ACTIVATION_NONE, "bi_encoder similarity"),
     "st-cls-dot": (rerank_pb2.ACTIVATION_NONE, "bi_encoder similarity"),
 }
@@ -62,9 +67,9 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def server(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     work = tmp_path_factory.mktemp("published-server")
     config = {"models": [
-        {"name": name, "kind": "rerank", "path": str(path), "dtype": "float32",
-         "engine_args": {"enforce_eager": True, "kv_cache_memory_bytes": 32 * 1024 * 1024}}
-        for name, path in checkpoints.items()
+        {"name": variant.name, "kind": "rerank", "path": str(checkpoints[variant.name]), "dtype": "float32",
+         "engine_args": {"enforce_eager": True, "kv_cache_memory_bytes": 32 * 1024 * 1024}, **variant.settings}
+        for variant in VARIANTS
     ]}
     (work / "server.yaml").write_text(yaml.safe_dump(config))
     running = start_server(["--config", str(work / "server.yaml")], work / "server.log")  # all models
@@ -74,14 +79,15 @@ def server(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
 
 def _reference(variant: Published, path: Path) -> tuple[np.ndarray, np.ndarray | None]:
     """The reference library's scores for QUERY against DOCUMENTS: a cross-encoder's
-    `predict` (and with softmax applied), a bi-encoder's `similarity`."""
+    `predict` (and a softmax of its logits over the labels), a bi-encoder's `similarity`."""
     if variant.bi_encoder:
         model = SentenceTransformer(str(path), device="cpu")
         similarity = model.similarity(model.encode([QUERY]), model.encode(DOCUMENTS))
         return similarity.numpy().reshape(-1), None
     model = CrossEncoder(str(path), device="cpu")
     pairs = [(QUERY, d) for d in DOCUMENTS]
-    return model.predict(pairs), model.predict(pairs, apply_softmax=True)
+    # predict applies its activation before apply_softmax: the logits' softmax takes Identity
+    return model.predict(pairs), model.predict(pairs, activation_fn=torch.nn.Identity(), apply_softmax=True)
 
 
 def _scores(client: ScoringClient, model: str, documents: list[str], **kwargs: object) -> list[float]:
@@ -95,8 +101,8 @@ def test_scores_match_sentence_transformers(
     variant: Published, checkpoints: dict[str, Path], server: RunningServer
 ) -> None:
     predicted, softmaxed = _reference(variant, checkpoints[variant.name])
-    # A classifier with two labels is scored by its second label: predict's column for it.
-    expected = predicted[:, 1] if predicted.ndim == 2 else predicted
+    # A classifier of several labels is scored by one: predict's column for it.
+    expected = predicted[:, variant.label] if predicted.ndim == 2 else predicted
     with ScoringClient(server.target) as client:
         batched = _scores(client, variant.name, DOCUMENTS)
         single = [_scores(client, variant.name, [d])[0] for d in DOCUMENTS]
@@ -107,7 +113,7 @@ def test_scores_match_sentence_transformers(
     if softmaxed is not None and softmaxed.ndim == 2:
         with ScoringClient(server.target) as client:
             shares = _scores(client, variant.name, DOCUMENTS, activation="softmax")
-        np.testing.assert_allclose(shares, softmaxed[:, 1], atol=TOLERANCE, rtol=0)
+        np.testing.assert_allclose(shares, softmaxed[:, variant.label], atol=TOLERANCE, rtol=0)
 
 
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if not v.bi_encoder], ids=lambda v: v.name)
@@ -116,7 +122,7 @@ def test_raw_logits_are_always_available(variant: Published, checkpoints: dict[s
     checkpoint's default."""
     model = CrossEncoder(str(checkpoints[variant.name]), device="cpu")
     logits = model.predict([(QUERY, d) for d in DOCUMENTS], activation_fn=lambda x: x)
-    expected = logits[:, 1] if logits.ndim == 2 else logits
+    expected = logits[:, variant.label] if logits.ndim == 2 else logits
     with ScoringClient(server.target) as client:
         none = _scores(client, variant.name, DOCUMENTS, activation="none")
         result = client.rerank(QUERY, DOCUMENTS, model=variant.name, return_raw_scores=True, activation="sigmoid")
@@ -134,6 +140,8 @@ def test_get_info_reports_the_activation_and_where_it_came_from(server: RunningS
         assert (models[name].default_activation, models[name].activation_source) == (activation, source), name
     assert models["bert-l2-default"].num_labels == 2 and models["bert-l2-default"].score_label == "LABEL_1"
     assert models["bert-l1-default"].num_labels == 1
+    # the deployment's score_label (ModelSettings) names the third of three
+    assert models["bert-l3-softmax-label"].num_labels == 3 and models["bert-l3-softmax-label"].score_label == "LABEL_2"
 
 
 @pytest.mark.parametrize(

@@ -1,12 +1,13 @@
 """Tiny checkpoints shaped like the published cross- and bi-encoders users serve: the same
 architectures, tokenizers and config variants (with and without sentence-transformers'
-`activation_fn`, the pre-v4 key, one and two labels, a config without `sep_token_id`), random
-weights. Scores are compared with sentence-transformers on them."""
+`activation_fn` (Identity, Sigmoid, Softmax), the pre-v4 key, one, two and three labels, a config
+without `sep_token_id`), random weights. Scores are compared with sentence-transformers on them."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -23,6 +24,7 @@ from scoring_server.demo.common import MAX_MODEL_LEN, bert_config, copy_bert_tok
 
 IDENTITY = "torch.nn.modules.linear.Identity"
 SIGMOID = "torch.nn.modules.activation.Sigmoid"
+SOFTMAX = "torch.nn.modules.activation.Softmax"
 _XLMR_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 _CORPUS = [
     "a b x y the is hello world",
@@ -38,11 +40,15 @@ _CORPUS = [
 
 @dataclass(frozen=True)
 class Published:
-    """One checkpoint variant: how to build it and what sentence-transformers loads it as."""
+    """One checkpoint variant: how to build it, what sentence-transformers loads it as, the
+    deployment's settings beside the checkpoint's (ModelSettings fields) and which of
+    `predict`'s columns they score."""
 
     name: str
     build: Callable[[Path], None]
     bi_encoder: bool = False
+    settings: dict[str, Any] = field(default_factory=dict)
+    label: int = 1
 
 
 def _seeded(seed: int) -> None:
@@ -139,6 +145,9 @@ VARIANTS = [
     Published("bert-l2-default", bert_cross_encoder(2)),
     Published("xlmr-l1-legacy-identity", xlmr_cross_encoder(1, IDENTITY, legacy=True)),
     Published("xlmr-l2-default", xlmr_cross_encoder(2)),
+    Published("xlmr-l2-sigmoid", xlmr_cross_encoder(2, SIGMOID)),
+    Published("bert-l2-softmax", bert_cross_encoder(2, SOFTMAX)),
+    Published("bert-l3-softmax-label", bert_cross_encoder(3, SOFTMAX), settings={"score_label": "LABEL_2"}, label=2),
     Published("st-mean-cosine", st_bi_encoder("mean", "cosine", normalize=True), bi_encoder=True),
     Published("st-cls-dot", st_bi_encoder("cls", "dot", normalize=False), bi_encoder=True),
 ]

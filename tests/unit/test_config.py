@@ -80,6 +80,23 @@ def test_absa_settings_travel_as_plugin_overrides() -> None:
         ModelSettings(name="a", path="/a", dtype="float32", kind="absa", rerank_mode="cross_encoder")
 
 
+def test_a_rerank_models_activation_and_score_label_travel_as_plugin_overrides() -> None:
+    """The deployment's choice over the checkpoint's (scoring_plugin.rerank.scores reads both);
+    a label index from a flag is an index, as in YAML."""
+    args = parse_args(["--model-path", "/m", "--dtype", "float32", "--rerank-activation", "softmax", "--score-label", "2"])
+    model = settings_from_args(args).models[0]
+    own = model.effective_hf_overrides()["scoring_rerank_overrides"]
+    assert (own["activation"], own["score_label"]) == ("softmax", 2)
+    named = ModelSettings(name="a", path="/a", dtype="float32", score_label="entailment")
+    assert named.effective_hf_overrides()["scoring_rerank_overrides"]["score_label"] == "entailment"
+    assert "activation" not in named.effective_hf_overrides()["scoring_rerank_overrides"]
+    with pytest.raises(ValidationError, match="rerank_activation"):
+        ModelSettings(name="a", path="/a", dtype="float32", rerank_activation="tanh")  # type: ignore[arg-type]
+    for field, value in (("rerank_activation", "none"), ("score_label", 1)):
+        with pytest.raises(ValidationError, match=f"{field} applies to rerank models only"):
+            ModelSettings(name="a", path="/a", dtype="float32", kind="absa", **{field: value})
+
+
 def test_frontends_share_a_fixed_port_and_tell_vllm_their_place() -> None:
     from scoring_server.engines import engine_args
 

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from scoring_plugin.errors import InvalidInputError
-from scoring_plugin.rerank.scores import activated_score, check_activation
+from scoring_plugin.rerank.scores import ActivationChoice, activated_score, check_activation
 from scoring_plugin.rerank.settings import RerankSettings
 from scoring_plugin.rerank.types import Activation
 
@@ -54,12 +54,12 @@ def test_two_labels_score_the_second_with_identity_by_default() -> None:
     # a config.json saved with two labels names none (transformers' default)
     bare = _settings()
     assert bare.num_labels == 2 and bare.score_label_name == "LABEL_1"
-    with pytest.raises(ValueError, match="Softmax"):
-        _settings(sentence_transformers={"activation_fn": SOFTMAX})
-    with pytest.raises(ValueError, match="classifier of 2 labels is not applied"):
-        _settings(sentence_transformers={"activation_fn": SIGMOID})
-    chosen = _settings(sentence_transformers={"activation_fn": SOFTMAX}, scoring_rerank_overrides={"activation": "softmax"})
-    assert chosen.default_activation.activation is Activation.SOFTMAX
+    # CrossEncoder.predict applies the checkpoint's activation to every label; its column is ours
+    assert _settings(sentence_transformers={"activation_fn": SOFTMAX}).default_activation == ActivationChoice(
+        Activation.SOFTMAX, "config.json sentence_transformers.activation_fn")
+    assert _settings(sentence_transformers={"activation_fn": SIGMOID}).default_activation.activation is Activation.SIGMOID
+    chosen = _settings(sentence_transformers={"activation_fn": SOFTMAX}, scoring_rerank_overrides={"activation": "none"})
+    assert chosen.default_activation.activation is Activation.NONE
 
 
 def test_three_labels_need_a_score_label() -> None:
@@ -78,6 +78,7 @@ def test_three_labels_need_a_score_label() -> None:
         ({"sentence_transformers": {"activation_fn": "torch.nn.modules.activation.Tanh"}}, "Tanh"),
         ({"sentence_transformers": {"activation_fn": "my_package.Custom"}}, "my_package.Custom"),
         ({"scoring_rerank_overrides": {"activation": "softmax"}}, "softmax needs a classifier with 2 or more labels"),
+        ({"sentence_transformers": {"activation_fn": SOFTMAX}}, "softmax needs a classifier with 2 or more labels"),
         ({"scoring_rerank_overrides": {"activation": "relu"}}, "scoring_rerank.activation must be one of"),
     ],
 )

@@ -35,6 +35,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "GEMMs where faster (tf32x3), TF32 (high) or bf16 (medium) products",
     )
     parser.add_argument("--rerank-mode", choices=["cross_encoder", "bi_encoder", "late_interaction"])
+    parser.add_argument(
+        "--rerank-activation",
+        choices=["none", "sigmoid", "softmax"],
+        help="a cross-encoder's default activation (unset: the checkpoint's, as sentence-transformers reads it)",
+    )
+    parser.add_argument(
+        "--score-label",
+        help="the label a classifier of several scores (index or id2label name; unset: the second of two)",
+    )
     parser.add_argument("--max-items-per-request", type=int)
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument(
@@ -121,6 +130,8 @@ def _settings_from_args(args: argparse.Namespace) -> ServerSettings:
         raise SystemExit("--dtype is required: the precision is always stated, never guessed")
     optional = {
         "rerank_mode": args.rerank_mode,
+        "rerank_activation": args.rerank_activation,
+        "score_label": args.score_label,
         "max_items_per_request": args.max_items_per_request,
         "max_model_len": args.max_model_len,
         "pack_pairs": args.pack_pairs,

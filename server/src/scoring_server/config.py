@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scoring_plugin.absa.settings import OVERRIDES_KEY as ABSA_OVERRIDES_KEY
@@ -48,6 +48,12 @@ class ModelSettings(BaseModel):
     rerank_mode: RerankMode | None = Field(
         default=None, description="Unset: inferred from the checkpoint's architecture."
     )
+    # A cross-encoder's default activation; unset, the one sentence-transformers' CrossEncoder
+    # applies to the checkpoint (GetInfo reports which and where it came from).
+    rerank_activation: Literal["none", "sigmoid", "softmax"] | None = None
+    # Which label of a classifier with several is a document's score (index or id2label name);
+    # unset, the second of two. Three or more labels need it.
+    score_label: int | str | None = None
     max_items_per_request: int = Field(default=256, ge=1)
     # Admission: beyond these, calls get RESOURCE_EXHAUSTED at once (with a retry hint).
     max_concurrent_requests: int = Field(default=256, ge=1)
@@ -84,10 +90,17 @@ class ModelSettings(BaseModel):
     engine_args: dict[str, Any] = Field(default_factory=dict)
     default: bool = False
 
+    @field_validator("score_label")
+    @classmethod
+    def _label_index(cls, value: int | str | None) -> int | str | None:
+        # "2" from a flag or an environment variable is the index, as 2 in YAML is.
+        return int(value) if isinstance(value, str) and value.isdigit() else value
+
     @model_validator(mode="after")
     def _only_implemented_kinds(self) -> ModelSettings:
-        if self.rerank_mode is not None and self.kind is not ModelKind.RERANK:
-            raise ValueError("rerank_mode applies to rerank models only")
+        for field in ("rerank_mode", "rerank_activation", "score_label"):
+            if getattr(self, field) is not None and self.kind is not ModelKind.RERANK:
+                raise ValueError(f"{field} applies to rerank models only")
         if self.pack_pairs and self.kind.value not in PACKABLE_ARCHITECTURES:
             raise ValueError(f"pack_pairs applies to {sorted(PACKABLE_ARCHITECTURES)} models only")
         if self.max_queued_items < self.max_items_per_request:
@@ -113,6 +126,10 @@ class ModelSettings(BaseModel):
             key, own = RERANK_OVERRIDES_KEY, {"max_documents": self.max_items_per_request}
             if self.rerank_mode is not None:
                 own["mode"] = self.rerank_mode.value
+            if self.rerank_activation is not None:
+                own["activation"] = self.rerank_activation
+            if self.score_label is not None:
+                own["score_label"] = self.score_label
         elif self.kind is ModelKind.ABSA:
             key, own = ABSA_OVERRIDES_KEY, {"max_pairs": self.max_items_per_request}
         else:

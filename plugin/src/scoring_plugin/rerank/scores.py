@@ -11,6 +11,9 @@ same rules, a deployment may override it, and GetInfo says which applies and why
 
 A classifier with two or more labels scores one of them (``predict``'s column for it): the
 second of two labels (the binary convention, "relevant"), or the one the deployment names.
+``predict`` applies the activation to every label's logit (``Sigmoid`` elementwise; ``Softmax``,
+built without a dimension, over the labels of each pair), so a column is
+``activation(logits)[label]``.
 """
 
 from __future__ import annotations
@@ -23,12 +26,12 @@ from typing import Any
 from scoring_plugin.errors import FieldViolation, InvalidInputError
 from scoring_plugin.rerank.types import Activation
 
-# The torch activation classes sentence-transformers checkpoints name, by class name. A
-# checkpoint naming Softmax is refused (scoring_rerank.activation chooses): CrossEncoder's
-# implicit-dimension Softmax did not score like a softmax over the labels in our comparison.
+# The torch activation classes sentence-transformers checkpoints name, by class name; any other
+# is refused at start rather than scored unlike CrossEncoder.
 _TORCH_ACTIVATIONS = {
     "Identity": Activation.NONE,
     "Sigmoid": Activation.SIGMOID,
+    "Softmax": Activation.SOFTMAX,
 }
 _BY_SETTING = {a.value: a for a in (Activation.NONE, Activation.SIGMOID, Activation.SOFTMAX)}
 
@@ -53,15 +56,7 @@ def checkpoint_activation(raw: dict[str, Any], own: dict[str, Any], section: str
         ("config.json sbert_ce_default_activation_function", raw.get("sbert_ce_default_activation_function")),
     ):
         if path:
-            activation = _from_torch_path(str(path), key, section)
-            if num_labels > 1 and activation is not Activation.NONE:
-                # CrossEncoder.predict did not score such checkpoints as activation(logits)[label]
-                # in our comparison (their raw logits match ours): refused until understood.
-                raise ValueError(
-                    f"{key} {path!r} on a classifier of {num_labels} labels is not applied here; "
-                    f"set {section}.activation to choose one"
-                )
-            return _checked(ActivationChoice(activation, key), num_labels)
+            return _checked(ActivationChoice(_from_torch_path(str(path), key, section), key), num_labels)
     if num_labels == 1:
         return ActivationChoice(Activation.SIGMOID, "sentence-transformers default for one label")
     return ActivationChoice(Activation.NONE, "sentence-transformers default for several labels")
@@ -79,6 +74,8 @@ def _from_torch_path(path: str, key: str, section: str) -> Activation:
 
 
 def _checked(choice: ActivationChoice, num_labels: int) -> ActivationChoice:
+    # A softmax over one label is 1.0 for every document (what CrossEncoder.predict returns):
+    # a checkpoint saying so is misconfigured, not a ranking.
     if choice.activation is Activation.SOFTMAX and num_labels < 2:
         raise ValueError(f"{choice.source}: softmax needs a classifier with 2 or more labels, this one has 1")
     return choice
