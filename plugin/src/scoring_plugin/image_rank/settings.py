@@ -40,6 +40,9 @@ class ImageRankSettings:
     max_image_bytes: int = 16 * 1024 * 1024
     max_image_pixels: int = 40_000_000
     max_image_side: int = 16_384
+    # Decoded pixels of one call, summed over its images: decoding time grows with pixels, and
+    # a call of many maximal images would hold the decode workers from every other caller.
+    max_pixels_per_request: int = 160_000_000
     # Downloads: whole-fetch time cap, redirects followed (each re-checked), pool sizes.
     fetch_timeout_s: float = 5.0
     max_redirects: int = 3
@@ -77,7 +80,7 @@ class ImageRankSettings:
 
     def check(self) -> None:
         for name in ("max_images", "max_query_chars", "max_image_bytes", "max_image_pixels",
-                     "max_image_side", "fetch_workers", "fetch_connections_per_host",
+                     "max_image_side", "max_pixels_per_request", "fetch_workers", "fetch_connections_per_host",
                      "decode_workers", "adapter_dim", "adapter_heads"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{CONFIG_KEY}.{name} must be >= 1")

@@ -83,6 +83,8 @@ class InfoServicer(info_pb2_grpc.InfoServiceServicer):
                 info.max_image_side = image.max_image_side
                 info.image_size = image.image_size
                 info.fetch_timeout_ms = round(image.fetch_timeout_s * 1000)
+                info.max_pixels_per_request = image.max_pixels_per_request
+                info.max_query_chars = image.max_query_chars
             elif processor is not None:
                 rerank = processor.settings
                 info.rerank_mode = _MODES[rerank.mode]
