@@ -105,3 +105,19 @@ def test_blank_texts_are_refused_alike(client: ScoringClient, model: str) -> Non
         client.rerank("", ["fine", " \n", ""], model=model)
     assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert error.value.fields == ["query", "documents[1].text", "documents[2].text"]
+
+
+@pytest.mark.parametrize("model", ["minilm", "qwen3-reranker"])
+def test_texts_over_the_advertised_character_limits_are_refused_before_tokenizing(
+    client: ScoringClient, model: str
+) -> None:
+    """GetInfo's max_query_chars and max_document_chars hold with truncation on too: the length
+    is checked before anything is tokenized, every offending text named."""
+    info = next(m for m in client.info().models if m.name == model)
+    assert info.max_query_chars > 0 and info.max_document_chars > 0
+    over_query, over_document = "q" * (info.max_query_chars + 1), "d" * (info.max_document_chars + 1)
+    code, fields = _fields(lambda: client.rerank(over_query, [DOC, over_document], model=model, truncate="right"))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert fields == ["query", "documents[1].text"]
+    at_limit = client.rerank("q" * 100, ["d " * (info.max_document_chars // 2)], model=model, truncate="right")
+    assert len(at_limit.hits) == 1

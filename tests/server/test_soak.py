@@ -40,10 +40,27 @@ EXPECTED = {
 }
 
 
-def _rss_mb(pid: int) -> float:
+def _rss_mb(pid: int) -> dict[str, float]:
+    """RSS of the server's process tree, and of each engine process (vLLM names them
+    `VLLM::EngineCore` and `VLLM::Worker`): the engines' growth is reported apart."""
     process = psutil.Process(pid)
-    tree = [process, *process.children(recursive=True)]
-    return sum(p.memory_info().rss for p in tree if p.is_running()) / 2**20
+    by_process: dict[str, float] = {}
+    for p in [process, *process.children(recursive=True)]:
+        try:
+            by_process[f"{p.pid}:{p.name()}"] = p.memory_info().rss / 2**20
+        except psutil.NoSuchProcess:
+            continue
+    return {"tree": sum(by_process.values()), **by_process}
+
+
+def _steady_growth(samples: list[float]) -> float:
+    """Median of the last third minus median of the middle third: the first third warms
+    allocators and caches up."""
+    third = max(len(samples) // 3, 1)
+    steady = samples[third:]
+    if len(steady) < 2 * third:
+        return 0.0
+    return statistics.median(steady[-third:]) - statistics.median(steady[:third])
 
 
 def _call(channel: grpc.Channel, i: int) -> tuple[str, grpc.StatusCode]:
@@ -84,7 +101,7 @@ def test_soak(demo_server: RunningServer, channel: grpc.Channel, client: Scoring
     reused = demo_server.process.args == ["true"]
     outcomes: Counter[tuple[str, str]] = Counter()
     unexpected: list[tuple[str, str]] = []
-    samples: list[float] = []
+    samples: list[dict[str, float]] = []
     stop = threading.Event()
     counter = iter(range(MAX_CALLS))
     lock = threading.Lock()
@@ -119,16 +136,19 @@ def test_soak(demo_server: RunningServer, channel: grpc.Channel, client: Scoring
         time.sleep(0.1)
 
     calls = sum(outcomes.values())
-    third = max(len(samples) // 3, 1)
-    steady = samples[third:]  # the first third warms allocators and caches up
-    growth = (
-        statistics.median(steady[-third:]) - statistics.median(steady[:third]) if len(steady) >= 2 * third else 0.0
-    )
+    growth = _steady_growth([s["tree"] for s in samples])
+    engines = sorted({k for s in samples for k in s if "VLLM" in k})
     report = {
         "seconds": round(elapsed, 1), "calls": calls, "calls_per_s": round(calls / elapsed, 1),
         "outcomes": {f"{k}:{c}": n for (k, c), n in sorted(outcomes.items())},
-        "unexpected": len(unexpected), "rss_mb_first": samples[:1], "rss_mb_last": samples[-1:],
-        "rss_growth_mb_steady": round(growth, 1), "rss_samples": len(samples),
+        "unexpected": len(unexpected),
+        "rss_mb_first": {k: round(v, 1) for k, v in samples[0].items()} if samples else {},
+        "rss_mb_last": {k: round(v, 1) for k, v in samples[-1].items()} if samples else {},
+        "rss_growth_mb_steady": round(growth, 1),
+        "engine_rss_growth_mb_steady": {
+            k: round(_steady_growth([s[k] for s in samples if k in s]), 1) for k in engines
+        },
+        "rss_samples": len(samples),
     }
     print(json.dumps(report, indent=2))
     if path := os.environ.get("SCORING_SOAK_REPORT"):

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+import regex
 import torch
 
 from scoring_plugin.absa.encoding import EncodedPair, PairEncoder
@@ -15,7 +16,6 @@ from scoring_plugin.absa.settings import AbsaSettings
 from scoring_plugin.absa.spans import TokenSpan, best_span, best_spans
 from scoring_plugin.absa.types import FlatPair
 from scoring_plugin.errors import InvalidInputError
-from scoring_plugin.absa.spans import _extends_previous
 from scoring_plugin.io_processors.absa import _evidence
 from scoring_plugin.rerank.types import TruncationOptions, TruncationSide
 
@@ -606,11 +606,12 @@ def test_evidence_from_real_encodings_is_exact_and_trimmed(tokenizer) -> None:
                 assert 0 <= span.start < span.end <= len(pair.review)
                 assert pair.review[span.start : span.end] == span.text
                 assert span.text == span.text.strip()
-                # Within its tokens' characters, widened only to whole characters.
-                widened_start = pair.review[span.start : enc.offsets[s - lo][0]]
-                widened_end = pair.review[enc.offsets[e - lo][1] : span.end]
-                assert all(_extends_previous(c) for c in widened_end), widened_end
-                assert len(widened_start) <= 1
+                # On grapheme cluster boundaries, widened only over clusters its tokens touch.
+                token_start, token_end = enc.offsets[s - lo][0], enc.offsets[e - lo][1]
+                clusters = [m.span() for m in regex.finditer(r"\X", pair.review)]
+                assert span.start in {a for a, _ in clusters} and span.end in {b for _, b in clusters}
+                assert not any(span.start <= a and b <= token_start for a, b in clusters)
+                assert not any(token_end <= a and b <= span.end for a, b in clusters)
 
 
 def test_evidence_keeps_whole_characters() -> None:

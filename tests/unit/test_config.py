@@ -174,3 +174,19 @@ def test_every_matmul_precision_is_reported_by_getinfo_as_its_own_value() -> Non
     values = set(_MATMUL_PRECISIONS.values())
     assert len(values) == len(FLOAT32_MATMUL_PRECISIONS) and info_pb2.FLOAT32_MATMUL_PRECISION_UNSPECIFIED not in values
     assert _MATMUL_PRECISIONS["tf32x3"] == info_pb2.FLOAT32_MATMUL_PRECISION_TF32X3
+
+
+def test_metrics_listen_on_loopback_when_the_grpc_port_is_protected(tmp_path: Path) -> None:
+    """/metrics is plain HTTP without tokens: where TLS or tokens guard the gRPC port, it stays
+    on loopback unless the operator names another address."""
+    model = {"name": "a", "path": "/a", "dtype": "float32"}
+    assert ServerSettings(models=[model]).served_metrics_host() == "0.0.0.0"
+    assert ServerSettings(models=[model], auth={"tokens": ["t"]}).served_metrics_host() == "127.0.0.1"
+    for name in ("cert", "key"):
+        (tmp_path / name).write_text("x")
+    tls = {"cert_file": str(tmp_path / "cert"), "key_file": str(tmp_path / "key")}
+    assert ServerSettings(models=[model], tls=tls).served_metrics_host() == "127.0.0.1"
+    chosen = ServerSettings(models=[model], auth={"tokens": ["t"]}, metrics_host="10.1.2.3")
+    assert chosen.served_metrics_host() == "10.1.2.3"
+    args = parse_args(["--model-path", "/m", "--dtype", "float32", "--metrics-port", "9090", "--metrics-host", "::1"])
+    assert settings_from_args(args).served_metrics_host() == "::1"

@@ -236,24 +236,26 @@ PACK_TOKENS = 256
 
 
 def test_only_a_small_call_alone_in_the_process_plans_inline(demo_models: dict[str, ModelSettings]) -> None:
-    """`inline_plan_items`: the executor plans inline when the call (already admitted) is the
-    only one in flight over every model and has at most that many items; 0 turns it off."""
+    """`inline_plan_items` and `inline_plan_chars`: the executor plans inline when the call
+    (already admitted) is the only one in flight over every model and has at most that many
+    items and characters of text; 0 turns it off."""
     from scoring_server.config import ModelKind
     from scoring_server.engines import ModelRegistry
     from scoring_server.services.execution import ModelExecutor
 
     registry = ModelRegistry.from_settings([demo_models["qwen3-seq-cls"], demo_models["absa-bert"]])
     rerank, absa = registry.models["qwen3-seq-cls"], registry.models["absa-bert"]
-    executor = ModelExecutor(registry, ModelKind.RERANK, inline_plan_items=32)
+    executor = ModelExecutor(registry, ModelKind.RERANK, inline_plan_items=32, inline_plan_chars=4096)
     with rerank.admission.admit(20):
-        assert executor.plans_inline(20)
-        assert executor.plans_inline(32) and not executor.plans_inline(33)
+        assert executor.plans_inline(20, 1000)
+        assert executor.plans_inline(32, 4096) and not executor.plans_inline(33, 10)
+        assert not executor.plans_inline(1, 4097)  # one long text holds the loop as long as many
         with absa.admission.admit(8):  # another model's call counts too
-            assert not executor.plans_inline(20)
+            assert not executor.plans_inline(20, 1000)
         with rerank.admission.admit(1):
-            assert not executor.plans_inline(20)
+            assert not executor.plans_inline(20, 1000)
     with rerank.admission.admit(20):
-        assert not ModelExecutor(registry, ModelKind.RERANK, inline_plan_items=0).plans_inline(1)
+        assert not ModelExecutor(registry, ModelKind.RERANK, inline_plan_items=0, inline_plan_chars=4096).plans_inline(1, 1)
 
 
 def test_config_advertises_the_checkpoints_positions(demo_models: dict[str, ModelSettings]) -> None:

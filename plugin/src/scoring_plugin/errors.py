@@ -41,6 +41,16 @@ class InvalidInputError(ValueError):
         return cls([FieldViolation(_field_path(e["loc"]), e["msg"]) for e in exc.errors()])
 
 
+def text_violations(field: str, text: str, max_chars: int) -> list[FieldViolation]:
+    """A text field's checks before any tokenizing: its length first (stripping a text over the
+    limit is work the limit exists to save), then that it holds something to score."""
+    if len(text) > max_chars:
+        return [FieldViolation(field, f"{len(text)} characters exceed the limit of {max_chars}")]
+    if not text.strip():
+        return [FieldViolation(field, "must not be empty")]
+    return []
+
+
 def _field_path(loc: Sequence[Any]) -> str:
     path = ""
     for part in loc:

@@ -15,17 +15,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from vllm.utils.gc_utils import freeze_gc_heap
 
-from scoring.v1 import (
-    absa_pb2,
-    absa_pb2_grpc,
-    image_rank_pb2,
-    image_rank_pb2_grpc,
-    info_pb2,
-    info_pb2_grpc,
-    rerank_pb2,
-    rerank_pb2_grpc,
-)
-from scoring_server import reflection, tracing
+from scoring.v1 import absa_pb2, image_rank_pb2, info_pb2, rerank_pb2
+from scoring_server import decoding, reflection, tracing
 from scoring_server.config import ModelKind, ModelSettings, ServerSettings
 from scoring_server.engines import EngineClientSlot, ModelRegistry, ServedModel
 from scoring_server import __version__
@@ -41,10 +32,14 @@ from scoring_server.tracing import TracingSettings
 
 logger = logging.getLogger(__name__)
 
-RERANK_SERVICE = rerank_pb2.DESCRIPTOR.services_by_name["RerankService"].full_name
-INFO_SERVICE = info_pb2.DESCRIPTOR.services_by_name["InfoService"].full_name
-ABSA_SERVICE = absa_pb2.DESCRIPTOR.services_by_name["AbsaService"].full_name
-IMAGE_RANK_SERVICE = image_rank_pb2.DESCRIPTOR.services_by_name["ImageRankService"].full_name
+_RERANK = rerank_pb2.DESCRIPTOR.services_by_name["RerankService"]
+_INFO = info_pb2.DESCRIPTOR.services_by_name["InfoService"]
+_ABSA = absa_pb2.DESCRIPTOR.services_by_name["AbsaService"]
+_IMAGE_RANK = image_rank_pb2.DESCRIPTOR.services_by_name["ImageRankService"]
+RERANK_SERVICE = _RERANK.full_name
+INFO_SERVICE = _INFO.full_name
+ABSA_SERVICE = _ABSA.full_name
+IMAGE_RANK_SERVICE = _IMAGE_RANK.full_name
 _SERVICE_OF_KIND = {
     ModelKind.RERANK: RERANK_SERVICE,
     ModelKind.ABSA: ABSA_SERVICE,
@@ -92,19 +87,15 @@ class ScoringServer:
                 ("grpc.so_reuseport", int(self.shared)),
             ],
         )
-        rerank_pb2_grpc.add_RerankServiceServicer_to_server(
-            RerankServicer(self.registry, settings),
-            self.server,
-        )
-        info_pb2_grpc.add_InfoServiceServicer_to_server(
-            InfoServicer(self.registry, settings), self.server
-        )
-        absa_pb2_grpc.add_AbsaServiceServicer_to_server(
-            AbsaServicer(self.registry, settings), self.server
-        )
-        image_rank_pb2_grpc.add_ImageRankServiceServicer_to_server(
-            ImageRankServicer(self.registry, settings), self.server
-        )
+        # Not the generated `add_*Servicer_to_server`: their deserializers raise on a malformed
+        # message before any interceptor runs (`scoring_server.decoding` says what follows).
+        for service, servicer in (
+            (_RERANK, RerankServicer(self.registry, settings)),
+            (_INFO, InfoServicer(self.registry, settings)),
+            (_ABSA, AbsaServicer(self.registry, settings)),
+            (_IMAGE_RANK, ImageRankServicer(self.registry, settings)),
+        ):
+            decoding.add_servicer(service, servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if settings.reflection:
             reflection.enable_server_reflection(
@@ -144,9 +135,10 @@ class ScoringServer:
         logger.info("listening on %s:%d", self.settings.host, self.port)
         if self.settings.metrics_port is not None and not self.shared:
             bound = serve_metrics(
-                lambda: served_states(self.registry), self.settings.host, self.settings.metrics_port, __version__
+                lambda: served_states(self.registry), self.settings.served_metrics_host(), self.settings.metrics_port,
+                __version__,
             )
-            logger.info("metrics on http://%s:%d/metrics", self.settings.host, bound)
+            logger.info("metrics on http://%s:%d/metrics", self.settings.served_metrics_host(), bound)
         await self.registry.start_all(self._on_model_ready)
         # The startup heap (vLLM, torch, transformers, grpc: a very large object graph) never
         # becomes garbage; left to the collector, every full collection walks it and stops the

@@ -74,6 +74,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--no-reflection", action="store_true")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    parser.add_argument(
+        "--metrics-host",
+        help="the address /metrics listens on (default: --host, or loopback when TLS or tokens are on)",
+    )
     parser.add_argument("--log-format", choices=["text", "json"])
     parser.add_argument(
         "--otlp-endpoint", help="turn OpenTelemetry tracing on, exporting OTLP/gRPC here"
@@ -104,6 +108,7 @@ def _settings_from_args(args: argparse.Namespace) -> ServerSettings:
         "frontends": args.frontends,
         "reflection": False if args.no_reflection else None,
         "metrics_port": args.metrics_port,
+        "metrics_host": args.metrics_host,
         "log_format": args.log_format,
         "tracing": {"enabled": True, "otlp_endpoint": args.otlp_endpoint} if args.otlp_endpoint else None,
     }

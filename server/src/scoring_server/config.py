@@ -189,6 +189,9 @@ class ServerSettings(BaseSettings):
     auth: AuthSettings = Field(default_factory=AuthSettings)
     # Prometheus /metrics over HTTP on this port; None: no metrics endpoint.
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    # The address /metrics listens on. Unset: `host`, but loopback when TLS or tokens protect
+    # the gRPC port, since /metrics is plain HTTP without either and names every model.
+    metrics_host: str | None = None
     # One access-log line per scoring call: plain text or JSON (for log pipelines).
     log_format: Literal["text", "json"] = "text"
     tracing: TracingSettings = Field(default_factory=TracingSettings)
@@ -199,6 +202,9 @@ class ServerSettings(BaseSettings):
     # than the tokenization. Busier, every call plans in a thread, beside the loop. 0: always a
     # thread. Image calls always load in threads.
     inline_plan_items: int = Field(default=32, ge=0)
+    # ... and of at most this many characters of text: tokenizing holds the loop, and every
+    # other call's gRPC and health checks wait on it.
+    inline_plan_chars: int = Field(default=16_384, ge=0)
     # gRPC front-end processes sharing each model's engine core (vLLM's `--api-server-count`).
     # One process's event loop (one core, GIL-bound) caps the small calls it can serve; more
     # front-ends multiply that.
@@ -220,6 +226,12 @@ class ServerSettings(BaseSettings):
         if self.frontends > 1 and self.port == 0:
             raise ValueError("frontends > 1 share one fixed port: set port")
         return self
+
+    def served_metrics_host(self) -> str:
+        if self.metrics_host is not None:
+            return self.metrics_host
+        protected = self.tls is not None or bool(self.auth.tokens)
+        return "127.0.0.1" if protected else self.host
 
     @classmethod
     def from_yaml(cls, path: Path, **overrides: Any) -> ServerSettings:

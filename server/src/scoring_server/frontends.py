@@ -245,8 +245,8 @@ def _serve_metrics(settings: ServerSettings, engines: list[_Engine]) -> None:
     registry = CollectorRegistry()
     MultiProcessCollector(registry)
     assert settings.metrics_port is not None
-    bound = serve_metrics(states, settings.host, settings.metrics_port, __version__, registry)
-    logger.info("metrics of all front-ends on http://%s:%d/metrics", settings.host, bound)
+    bound = serve_metrics(states, settings.served_metrics_host(), settings.metrics_port, __version__, registry)
+    logger.info("metrics of all front-ends on http://%s:%d/metrics", settings.served_metrics_host(), bound)
 
 
 def _rerank_mode(engine: _Engine) -> str:

@@ -6,11 +6,11 @@ aspect and the special tokens can never be chosen and scores are comparable acro
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import regex
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +18,10 @@ class TokenSpan:
     start: int  # first token, index into the prompt
     end: int  # last token, inclusive
     score: float
+
+
+# An extended grapheme cluster, as the `regex` package implements UAX #29.
+_CLUSTER = regex.compile(r"\X")
 
 
 def best_span(
@@ -79,29 +83,45 @@ def _log_softmax_rows(x: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
 
 
-def _extends_previous(ch: str) -> bool:
-    """Combining marks, variation selectors, emoji skin-tone modifiers, zero-width joiners:
-    characters that belong to the character before them."""
-    return (
-        unicodedata.combining(ch) != 0
-        or unicodedata.category(ch) in ("Mn", "Me")
-        or "\ufe00" <= ch <= "\ufe0f"
-        or "\U0001f3fb" <= ch <= "\U0001f3ff"
-        or ch == "\u200d"
-    )
-
-
 def evidence_bounds(text: str, start: int, end: int) -> tuple[int, int] | None:
-    """Token offsets to the evidence's character range: whole user-perceived characters (an
-    uncased tokenizer's offsets stop before a stripped accent; byte-level pieces split an emoji
-    from its modifier), no surrounding blanks (byte-level offsets include the space before a
-    word). None when nothing but blanks remains."""
-    while start > 0 and start < len(text) and _extends_previous(text[start]):
-        start -= 1
-    while end < len(text) and _extends_previous(text[end]):
-        end += 1
-    while start < end and text[start].isspace():
-        start += 1
-    while end > start and text[end - 1].isspace():
-        end -= 1
-    return (start, end) if end > start else None
+    """Token offsets [start, end) to the evidence's character range: widened outward to whole
+    extended grapheme clusters (UAX #29, what a reader sees as one character), then without the
+    blank clusters at either end (byte-level offsets include the space before a word). None
+    when nothing but blanks remains. Offsets stay code points, as the API documents.
+
+    Outward, because the tokens are the model's evidence and a cluster is one character to the
+    reader: tokens end inside clusters all the time (an uncased tokenizer's "cafe" stops
+    before the combining accent of "café", byte-level pieces split an emoji from its skin tone,
+    a flag's two regional indicators, a family emoji's zero-width joiners, a Hangul syllable
+    written as conjoining jamo). Cut inward, a span would drop characters its tokens cover, or
+    come back empty when they cover only part of one; cut at the tokens, the caller would get
+    half a character (a lone regional indicator, an accent without its letter).
+    """
+    shown = [(lo, hi) for lo, hi in _clusters_overlapping(text, start, end) if not text[lo:hi].isspace()]
+    return (shown[0][0], shown[-1][1]) if shown else None
+
+
+def _clusters_overlapping(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """The extended grapheme clusters of ``text`` that overlap [start, end), in order.
+
+    ``regex`` decides each boundary from the whole string (``pos`` does not cut it, as it cuts
+    no lookbehind): a match from inside a cluster ends where that cluster ends, and every match
+    after it is a cluster of the whole text. Only the first match's start may not be a
+    boundary, so segmentation starts just before ``start`` and, while the cluster reaching
+    into the span is that first match, twice as far back. The work stays in proportion to the
+    span and the cluster around its start (and, in a run of regional indicators, to the run
+    ``regex`` counts back over to pair them): segmenting from the review's beginning would cost
+    the whole review before the span, for every pair.
+    """
+    back = 1
+    while True:
+        origin = max(start - back, 0)
+        clusters: list[tuple[int, int]] = []
+        for match in _CLUSTER.finditer(text, origin):
+            if match.start() >= end:
+                break
+            if match.end() > start:
+                clusters.append(match.span())
+        if origin == 0 or not clusters or clusters[0][0] > origin:
+            return clusters
+        back *= 2

@@ -59,7 +59,8 @@ def flatten(request: AbsaInput) -> list[FlatPair]:
 
 @dataclass(frozen=True, slots=True)
 class EvidenceSpan:
-    """``review[start:end] == text``; offsets in Unicode code points, end exclusive."""
+    """``review[start:end] == text``; offsets in Unicode code points, end exclusive, both on
+    extended grapheme cluster boundaries (see ``absa.spans.evidence_bounds``)."""
 
     text: str
     start: int

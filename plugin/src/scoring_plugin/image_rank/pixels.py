@@ -26,22 +26,17 @@ ALLOWED_FORMATS = frozenset({"JPEG", "PNG", "WEBP"})
 
 def to_pixels(data: bytes, settings: ImageRankSettings) -> np.ndarray:
     """float32 [3, size, size]; raises ImageLoadError naming what is wrong with the file."""
+    return decode(open_checked(data, settings), settings)
+
+
+def open_checked(data: bytes, settings: ImageRankSettings) -> Image.Image:
+    """The file's header, checked, with nothing decoded yet: its `size` is what decoding it
+    will cost, known before paying it."""
     if len(data) > settings.max_image_bytes:
         raise ImageLoadError(
             ImageErrorKind.TOO_LARGE,
             f"image has {len(data)} bytes, over the limit of {settings.max_image_bytes}",
         )
-    image = _open_checked(data, settings)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image.load()
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombWarning) as exc:
-        raise ImageLoadError(ImageErrorKind.INVALID_IMAGE, f"image data is damaged: {exc}") from None
-    return _normalise(_center_crop(_resize(_rgb(image), settings.image_size), settings.image_size), settings)
-
-
-def _open_checked(data: bytes, settings: ImageRankSettings) -> Image.Image:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -66,6 +61,17 @@ def _open_checked(data: bytes, settings: ImageRankSettings) -> Image.Image:
     if getattr(image, "n_frames", 1) > 1:
         image.seek(0)  # animated PNG/WebP: the first frame, as Pillow-based processors do
     return image
+
+
+def decode(image: Image.Image, settings: ImageRankSettings) -> np.ndarray:
+    """float32 [3, size, size] from an image :func:`open_checked` returned."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image.load()
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombWarning) as exc:
+        raise ImageLoadError(ImageErrorKind.INVALID_IMAGE, f"image data is damaged: {exc}") from None
+    return _normalise(_center_crop(_resize(_rgb(image), settings.image_size), settings.image_size), settings)
 
 
 def _rgb(image: Image.Image) -> Image.Image:

@@ -43,14 +43,22 @@ class ImageRankSettings:
     # Decoded pixels of one call, summed over its images: decoding time grows with pixels, and
     # a call of many maximal images would hold the decode workers from every other caller.
     max_pixels_per_request: int = 160_000_000
-    # Downloads: whole-fetch time cap, redirects followed (each re-checked), pool sizes.
+    # Downloads: whole-fetch time cap, redirects followed (each re-checked), pool sizes. A call
+    # runs at most fetch_workers // (calls + 1) downloads at once (at least one), so that calls
+    # whose servers hang cannot hold every worker for the whole time cap: a share stays free for
+    # the next caller.
     fetch_timeout_s: float = 5.0
     max_redirects: int = 3
     fetch_workers: int = 16
     fetch_connections_per_host: int = 8
     # Decode + resize threads: Pillow releases the GIL while decoding, but too many threads lose
-    # to contention on the rest (measure before raising it).
+    # to contention on the rest (measure before raising it). A free worker serves the call
+    # decoding the fewest images, so a newcomer waits for one decode, not for a whole call.
     decode_workers: int = 4
+    # Images waiting for a download or a decode worker, over all calls, per pool: a call that
+    # would pass it is refused at once (RESOURCE_EXHAUSTED) rather than queued behind work that
+    # would outlast its deadline.
+    max_queued_images: int = 1024
     # Networks a URL may resolve into although they are private, loopback or link-local.
     allowed_networks: tuple[str, ...] = ()
 
@@ -81,9 +89,11 @@ class ImageRankSettings:
     def check(self) -> None:
         for name in ("max_images", "max_query_chars", "max_image_bytes", "max_image_pixels",
                      "max_image_side", "max_pixels_per_request", "fetch_workers", "fetch_connections_per_host",
-                     "decode_workers", "adapter_dim", "adapter_heads"):
+                     "decode_workers", "max_queued_images", "adapter_dim", "adapter_heads"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{CONFIG_KEY}.{name} must be >= 1")
+        if self.max_queued_images < self.max_images:
+            raise ValueError(f"{CONFIG_KEY}.max_queued_images must hold one call's images (max_images)")
         if self.max_redirects < 0 or self.fetch_timeout_s <= 0:
             raise ValueError(f"{CONFIG_KEY}: max_redirects >= 0 and fetch_timeout_s > 0 required")
         if len(self.image_mean) != 3 or len(self.image_std) != 3 or min(self.image_std) <= 0:

@@ -43,6 +43,10 @@ class ImageLoadError(Exception):
         self.message = message
 
 
+class ImageLoaderBusy(Exception):
+    """The loader's queue is full: the whole call is refused, to be retried later."""
+
+
 @dataclass(frozen=True, slots=True)
 class RankedImage:
     index: int

@@ -33,7 +33,7 @@ from scoring_plugin.absa.types import (
 )
 from scoring_plugin.checkpoint_fit import check_fit
 from scoring_plugin.config_sections import as_dict
-from scoring_plugin.errors import FieldViolation, InvalidInputError, NonFiniteOutputError
+from scoring_plugin.errors import FieldViolation, InvalidInputError, NonFiniteOutputError, text_violations
 from scoring_plugin.io_processors.base import ScoringIOProcessor
 from scoring_plugin.io_processors.engine_request import EngineRequest
 from scoring_plugin.models import PACKED_MODERNBERT_ABSA_ARCHITECTURE
@@ -77,16 +77,22 @@ class AbsaIOProcessor(ScoringIOProcessor[AbsaInput, AbsaOutput, _RequestState]):
             violations.append(FieldViolation("items", "at least one item or pair is required"))
         elif len(pairs) > limits.max_pairs:
             violations.append(
-                FieldViolation("pairs", f"{len(pairs)} pairs exceed the limit of {limits.max_pairs}")
+                FieldViolation(
+                    _field_over_limit(request, limits.max_pairs),
+                    f"{len(pairs)} pairs exceed the limit of {limits.max_pairs} (each aspect of an item is a pair)",
+                )
             )
         checked_reviews: set[str] = set()
         for pair in pairs:
-            violations += _text_violations(pair.aspect_field, pair.aspect, limits.max_aspect_chars)
+            violations += text_violations(pair.aspect_field, pair.aspect, limits.max_aspect_chars)
             if pair.review_field not in checked_reviews:
                 checked_reviews.add(pair.review_field)
-                violations += _text_violations(pair.review_field, pair.review, limits.max_review_chars)
+                violations += text_violations(pair.review_field, pair.review, limits.max_review_chars)
         if violations:
             raise InvalidInputError(violations)
+
+    def text_chars(self, request: AbsaInput) -> int:
+        return sum(len(p.aspect) + len(p.review) for p in flatten(request))
 
     # --------------------------------------------------------------- planning
 
@@ -229,9 +235,13 @@ def _evidence(review: str, prompt: EncodedPair, span: TokenSpan | None) -> Evide
     return EvidenceSpan(text=review[start:end], start=start, end=end, score=span.score)
 
 
-def _text_violations(field: str, text: str, max_chars: int) -> list[FieldViolation]:
-    if not text.strip():
-        return [FieldViolation(field, "must not be empty")]
-    if len(text) > max_chars:
-        return [FieldViolation(field, f"{len(text)} characters exceed the limit of {max_chars}")]
-    return []
+def _field_over_limit(request: AbsaInput, limit: int) -> str:
+    """The repeated field of the caller's message that holds the first pair past the limit (in
+    the flattened order: items' aspects, then pairs): ``items[i].aspects`` or ``pairs``. The
+    limit counts both forms together, so the error points where the caller went over it."""
+    counted = 0
+    for i, item in enumerate(request.items):
+        counted += len(item.aspects)
+        if counted > limit:
+            return f"items[{i}].aspects"
+    return "pairs"

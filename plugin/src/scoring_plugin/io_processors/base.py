@@ -51,6 +51,10 @@ class ScoringIOProcessor(IOProcessor[In, Out], Generic[In, Out, State]):
     def validate(self, request: In) -> None:
         """Checks that need no tokenizer; token limits are checked while planning."""
 
+    @abstractmethod
+    def text_chars(self, request: In) -> int:
+        """The characters planning tokenizes: what decides whether it may hold the loop."""
+
     async def plan_async(self, request: In, request_id: str, inline: bool = False) -> list[EngineRequest]:
         """What the server awaits: planning in a worker thread. The event loop is one core for
         every call's gRPC and output handling; the Rust tokenizer releases the GIL, so in a

@@ -1,8 +1,9 @@
 """The ``image_ranker`` IO processor: a query and images (bytes or URLs) in, images by score out.
 
 Driven by our gRPC server (:meth:`plan_async`, :meth:`post_process`, :meth:`discard` on every
-exit path). Images are fetched and decoded in the loader's bounded pools; an image that cannot
-be loaded becomes that item's error and the others are still ranked. Each distinct file is one
+exit path). Images are fetched and decoded in the loader's pools, which calls share fairly; an
+image that cannot be loaded becomes that item's error and the others are still ranked, while a
+call whose images would decode to more than `max_pixels_per_request` is refused whole. Each distinct file is one
 engine request (one vision-tower pass), shared by every duplicate of it in the call.
 """
 
@@ -24,7 +25,7 @@ from vllm.renderers import BaseRenderer
 
 from scoring_plugin.checkpoint_fit import check_fit
 from scoring_plugin.config_sections import as_dict
-from scoring_plugin.errors import FieldViolation, InvalidInputError, NonFiniteOutputError
+from scoring_plugin.errors import FieldViolation, InvalidInputError, NonFiniteOutputError, text_violations
 from scoring_plugin.image_rank.fetch import url_problem
 from scoring_plugin.image_rank.loader import ImageLoader, LoadedImages
 from scoring_plugin.image_rank.settings import ImageRankSettings
@@ -60,15 +61,13 @@ class ImageRankerIOProcessor(ScoringIOProcessor[ImageRankInput, ImageRankOutput,
 
     # ------------------------------------------------------------------ input
 
+    def text_chars(self, request: ImageRankInput) -> int:
+        return len(request.query)
+
     def validate(self, request: ImageRankInput) -> None:
         limits = self.settings
         violations: list[FieldViolation] = []
-        if not request.query.strip():
-            violations.append(FieldViolation("query", "must not be empty"))
-        elif len(request.query) > limits.max_query_chars:
-            violations.append(
-                FieldViolation("query", f"{len(request.query)} characters exceed the limit of {limits.max_query_chars}")
-            )
+        violations += text_violations("query", request.query, limits.max_query_chars)
         if not request.images:
             violations.append(FieldViolation("images", "at least one image is required"))
         elif len(request.images) > limits.max_images:

@@ -26,7 +26,7 @@ from vllm.renderers import BaseRenderer
 
 from scoring_plugin.checkpoint_fit import check_fit
 from scoring_plugin.config_sections import as_dict
-from scoring_plugin.errors import FieldViolation, InvalidInputError, NonFiniteOutputError
+from scoring_plugin.errors import FieldViolation, InvalidInputError, NonFiniteOutputError, text_violations
 from scoring_plugin.io_processors.base import ScoringIOProcessor
 from scoring_plugin.io_processors.engine_request import EngineRequest
 from scoring_plugin.models import PACKED_QWEN3_ARCHITECTURE, PAIR_BERT_ARCHITECTURE
@@ -82,8 +82,8 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
 
     def validate(self, request: RerankInput) -> None:
         violations: list[FieldViolation] = []
-        if not request.query.strip():
-            violations.append(FieldViolation("query", "must not be empty"))
+        limits = self.settings
+        violations += text_violations("query", request.query, limits.max_query_chars)
         try:
             check_activation(
                 request.activation,
@@ -114,12 +114,15 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
                 violations.append(
                     FieldViolation(f"documents[{i}].token_ids", "must hold at least one token id")
                 )
-            elif doc.text is not None and not doc.text.strip():
+            elif doc.text is not None:
                 # As for the query: a blank text carries nothing to score, and a score for it
                 # would only rank the prompt around it.
-                violations.append(FieldViolation(f"documents[{i}].text", "must not be empty"))
+                violations += text_violations(f"documents[{i}].text", doc.text, limits.max_document_chars)
         if violations:
             raise InvalidInputError(violations)
+
+    def text_chars(self, request: RerankInput) -> int:
+        return len(request.query) + sum(len(d.text) for d in request.documents if d.text is not None)
 
     # --------------------------------------------------------------- planning
 

@@ -27,6 +27,14 @@ from scoring_plugin.rerank.types import Activation
 CONFIG_KEY = "scoring_rerank"
 OVERRIDES_KEY = overrides_key(CONFIG_KEY)
 DEFAULT_MAX_DOCUMENTS = 1000
+# Text limits, in code points, checked before anything is tokenized: a call's tokenizing time
+# follows its characters, and a long text is mostly cut at the model's token limit anyway. A
+# document's token ids become Python integers in one call that holds the GIL, during which the
+# event loop (health checks included) waits: at a token a character (CJK, small vocabularies)
+# this bound keeps each such wait to milliseconds. 8,192-token models read about 32k characters
+# of English.
+DEFAULT_MAX_QUERY_CHARS = 32_768
+DEFAULT_MAX_DOCUMENT_CHARS = 32_768
 QWEN3_DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
 
 
@@ -60,6 +68,8 @@ class RerankSettings:
     template: PromptTemplate
     instruction: str
     max_documents: int
+    max_query_chars: int = DEFAULT_MAX_QUERY_CHARS
+    max_document_chars: int = DEFAULT_MAX_DOCUMENT_CHARS
     # Per-pair token limit when it is below the engine's: a packed engine's limit is per request.
     max_pair_tokens: int | None = None
     # Packed model on CUDA: its pooler's layers as piecewise CUDA graphs (off: eager, for
@@ -91,6 +101,11 @@ class RerankSettings:
         max_documents = int(own.get("max_documents", DEFAULT_MAX_DOCUMENTS))
         if max_documents < 1:
             raise ValueError(f"{CONFIG_KEY}.max_documents must be >= 1, got {max_documents}")
+        text_limits = {key: int(own.get(key, default)) for key, default in (
+            ("max_query_chars", DEFAULT_MAX_QUERY_CHARS), ("max_document_chars", DEFAULT_MAX_DOCUMENT_CHARS))}
+        for key, value in text_limits.items():
+            if value < 1:
+                raise ValueError(f"{CONFIG_KEY}.{key} must be >= 1, got {value}")
         max_pair_tokens = own.get("max_pair_tokens")
         if max_pair_tokens is not None and int(max_pair_tokens) < 8:
             raise ValueError(f"{CONFIG_KEY}.max_pair_tokens must be >= 8, got {max_pair_tokens}")
@@ -105,6 +120,7 @@ class RerankSettings:
             template=template,
             instruction=str(own.get("instruction", QWEN3_DEFAULT_INSTRUCTION)),
             max_documents=max_documents,
+            **text_limits,
             max_pair_tokens=None if max_pair_tokens is None else int(max_pair_tokens),
             pooler_graphs=bool(own.get("pooler_graphs", True)),
             pooler_full_graph_tokens=full_graph_tokens(own, CONFIG_KEY),

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 class PluginPath:
     def __init__(self, registry: ModelRegistry, kind: ModelKind) -> None:
-        self._executor = ModelExecutor(registry, kind, inline_plan_items=0)  # always the threads
+        self._executor = ModelExecutor(registry, kind, inline_plan_items=0, inline_plan_chars=0)  # always the threads
         self._ids = itertools.count()
         self._served = registry.default_for(kind)
 

@@ -42,10 +42,11 @@ class Executed(Generic[R]):
 class ModelExecutor:
     """Runs one parsed request of one model kind through its IO processor and engine."""
 
-    def __init__(self, registry: ModelRegistry, kind: ModelKind, inline_plan_items: int) -> None:
+    def __init__(self, registry: ModelRegistry, kind: ModelKind, inline_plan_items: int, inline_plan_chars: int) -> None:
         self._registry = registry
         self._kind = kind
         self._inline_plan_items = inline_plan_items
+        self._inline_plan_chars = inline_plan_chars
 
     def resolve(self, name: str | None) -> ServedModel:
         if name is None:
@@ -66,10 +67,14 @@ class ModelExecutor:
             )
         return model
 
-    def plans_inline(self, items: int) -> bool:
+    def plans_inline(self, items: int, text_chars: int) -> bool:
         """A small call alone in this process (itself admitted, nothing else) plans on the
-        loop (`ServerSettings.inline_plan_items`)."""
-        return items <= self._inline_plan_items and self._registry.calls_in_flight() == 1
+        loop (`ServerSettings.inline_plan_items`, `inline_plan_chars`)."""
+        return (
+            items <= self._inline_plan_items
+            and text_chars <= self._inline_plan_chars
+            and self._registry.calls_in_flight() == 1
+        )
 
     async def execute(
         self,
@@ -115,9 +120,8 @@ class ModelExecutor:
             try:
                 async with asyncio.timeout(None if time_remaining is None else time_remaining - (parsed - arrived)):
                     with tracing.stage("preprocess"):
-                        engine_requests = await processor.plan_async(
-                            parsed_input, request_id, inline=self.plans_inline(items)
-                        )
+                        inline = self.plans_inline(items, processor.text_chars(parsed_input))
+                        engine_requests = await processor.plan_async(parsed_input, request_id, inline=inline)
             except TimeoutError:
                 raise ServiceError(
                     grpc.StatusCode.DEADLINE_EXCEEDED, "deadline passed while preparing inputs"

@@ -9,6 +9,7 @@ from google.rpc import code_pb2, status_pb2
 from scoring.v1 import image_rank_pb2, image_rank_pb2_grpc
 from scoring_plugin.image_rank.types import (
     ImageErrorKind,
+    ImageLoaderBusy,
     ImageLoadError,
     ImageRankInput,
     ImageRankOutput,
@@ -16,7 +17,7 @@ from scoring_plugin.image_rank.types import (
 )
 from scoring_server.config import ModelKind, ServerSettings
 from scoring_server.engines import ModelRegistry
-from scoring_server.errors import status_with_fields
+from scoring_server.errors import ServiceError, status_with_fields
 from scoring_server.metrics import IMAGE_ERRORS
 from scoring_server.services.execution import DTYPES, Executed, usage
 from scoring_server.services.rpcs import ScoringRpcs
@@ -87,13 +88,16 @@ class ImageRankServicer(ScoringRpcs, image_rank_pb2_grpc.ImageRankServiceService
     async def score(
         self, request: image_rank_pb2.RankImagesRequest, time_remaining: float | None = None
     ) -> image_rank_pb2.RankImagesResponse:
-        executed = await self._executor.execute(
-            request.model if request.HasField("model") else None,
-            request.request_id,
-            len(request.images),
-            lambda: to_image_rank_input(request),
-            time_remaining,
-        )
+        try:
+            executed = await self._executor.execute(
+                request.model if request.HasField("model") else None,
+                request.request_id,
+                len(request.images),
+                lambda: to_image_rank_input(request),
+                time_remaining,
+            )
+        except ImageLoaderBusy as exc:
+            raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from None
         return _to_response(executed, request)
 
     async def RankImages(

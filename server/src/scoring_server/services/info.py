@@ -90,6 +90,8 @@ class InfoServicer(info_pb2_grpc.InfoServiceServicer):
                 info.rerank_mode = _MODES[rerank.mode]
                 info.default_activation = _ACTIVATIONS[rerank.default_activation.activation]
                 info.activation_source = rerank.default_activation.source
+                info.max_query_chars = rerank.max_query_chars
+                info.max_document_chars = rerank.max_document_chars
                 if rerank.mode is RerankMode.CROSS_ENCODER:
                     info.num_labels = rerank.num_labels
                     info.score_label = rerank.score_label_name

@@ -17,7 +17,7 @@ from scoring_server.services.streaming import answer_stream
 
 class ScoringRpcs:
     def __init__(self, registry: ModelRegistry, kind: ModelKind, settings: ServerSettings) -> None:
-        self._executor = ModelExecutor(registry, kind, settings.inline_plan_items)
+        self._executor = ModelExecutor(registry, kind, settings.inline_plan_items, settings.inline_plan_chars)
         self._stream_max_in_flight = settings.stream_max_in_flight
 
     @abstractmethod

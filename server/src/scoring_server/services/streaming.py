@@ -1,9 +1,9 @@
 """Bulk streams: many requests over one bidirectional stream, answered in completion order.
 
 Concurrency per stream is bounded, so one stream cannot hold unbounded work in memory; a failed
-request becomes an error reply (inline google.rpc.Status) and the stream goes on. Every bulk RPC
-has the same message shape: requests carry `request` and `sequence`, replies carry `sequence`,
-`request_id` and a `response` / `error` oneof.
+(or undecodable) request becomes an error reply (inline google.rpc.Status) and the stream goes
+on. Every bulk RPC has the same message shape: requests carry `request` and `sequence`, replies
+carry `sequence`, `request_id` and a `response` / `error` oneof.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
 
+from scoring_server.decoding import Undecodable
 from scoring_server.errors import status_for
 from scoring_server.telemetry import annotate
 
@@ -71,9 +72,14 @@ async def answer_stream(
     reply_type: Callable[..., Any],
     handle: Callable[[Any], Awaitable[Any]],
 ) -> AsyncIterator[Any]:
-    """Runs `handle(message.request)` for each message and replies in the bulk shape."""
+    """Runs `handle(message.request)` for each message and replies in the bulk shape; a message
+    that did not decode gets its error reply without reaching `handle`."""
 
     async def answer(message: Any) -> Any:
+        if isinstance(message, Undecodable):
+            reply = reply_type(sequence=message.sequence, request_id=message.request_id)
+            reply.error.CopyFrom(status_for(message.error()))
+            return reply
         reply = reply_type(sequence=message.sequence, request_id=message.request.request_id)
         try:
             reply.response.CopyFrom(await handle(message.request))
