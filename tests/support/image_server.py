@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Self
 
 from PIL import Image
 
@@ -33,12 +34,18 @@ def gif_bytes() -> bytes:
     return buffer.getvalue()
 
 
-class ImageServer:
-    """Serves `images` at /img/<i> and the failure routes below; counts hits per path."""
+class _Listener(ThreadingHTTPServer):
+    # The default backlog of 5 drops bursts of connections, and a dropped SYN is retried only
+    # after a second: the delay would be the test server's, not the fetcher's.
+    request_queue_size = 256
+    daemon_threads = True
 
-    def __init__(self, images: list[bytes]) -> None:
-        self.images = images
-        self.hits: Counter[str] = Counter()
+
+class LocalHttpServer:
+    """A threaded HTTP/1.1 server on loopback whose GETs go to `route(handler, path)` (the path
+    without its query); a client hanging up mid-answer ends only that answer."""
+
+    def __init__(self) -> None:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -48,21 +55,44 @@ class ImageServer:
                 pass
 
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                owner.hits[self.path] += 1
-                route = self.path.split("?")[0]
                 try:
-                    owner.route(self, route)
+                    owner.route(self, self.path.split("?")[0])
                 except (BrokenPipeError, ConnectionResetError):
                     pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
+        self._server = _Listener(("127.0.0.1", 0), Handler)
         self.port = self._server.server_address[1]
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
 
+    def route(self, h: BaseHTTPRequestHandler, path: str) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    @contextmanager
+    def running(self) -> Iterator[Self]:
+        thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            self.close()
+
+
+class ImageServer(LocalHttpServer):
+    """Serves `images` at /img/<i> and the failure routes below; counts hits per path."""
+
+    def __init__(self, images: list[bytes]) -> None:
+        super().__init__()
+        self.images = images
+        self.hits: Counter[str] = Counter()
+
     def route(self, h: BaseHTTPRequestHandler, route: str) -> None:
+        self.hits[h.path] += 1
         if route.startswith("/img/"):
             self._send(h, 200, self.images[int(route.rsplit("/", 1)[1])], "image/jpeg")
         elif route == "/missing":
@@ -136,13 +166,3 @@ class ImageServer:
         h.send_header("Location", location)
         h.send_header("Content-Length", "0")
         h.end_headers()
-
-    @contextmanager
-    def running(self) -> Iterator[ImageServer]:
-        thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        thread.start()
-        try:
-            yield self
-        finally:
-            self._server.shutdown()
-            self._server.server_close()

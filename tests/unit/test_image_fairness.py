@@ -17,14 +17,14 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 from google.rpc import code_pb2, error_details_pb2
 from PIL import Image
 
+from support.image_server import LocalHttpServer
 from scoring.v1 import image_rank_pb2
 from scoring_plugin.errors import InvalidInputError
 from scoring_plugin.image_rank import loader as loader_module
@@ -50,52 +50,26 @@ def _png(side: int, shade: int = 0) -> bytes:
     return buffer.getvalue()
 
 
-class _Server(ThreadingHTTPServer):
-    # The default backlog of 5 drops bursts of connections, and a dropped SYN is retried only
-    # after a second: the delay would be the test server's, not the fetcher's.
-    request_queue_size = 256
-
-
-class SlowLoris:
+class SlowLoris(LocalHttpServer):
     """`/good`: a PNG at once. `/hang/<caller>/<i>`: the request is read and never answered; the
     connection is held until the client closes it. `/trickle-headers`, `/trickle-body`,
     `/trickle-undeclared`: a byte every TRICKLE_GAP_S, in the headers, in a body of declared
     length, in a body ended only by closing."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.image = _png(32)
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.held: Counter[str] = Counter()  # hanging connections open now, per caller
         self.peak: Counter[str] = Counter()  # the most a caller ever had open at once
         self.requests: Counter[str] = Counter()  # hanging requests received, per caller
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                self.close_connection = True
-                try:
-                    owner.route(self)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
-
-        self._server = _Server(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.port = self._server.server_address[1]
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
 
     def hanging(self, caller: str, count: int) -> list[ImageSource]:
         return [ImageSource(url=self.url(f"/hang/{caller}/{i}")) for i in range(count)]
 
-    def route(self, h: BaseHTTPRequestHandler) -> None:
-        path = h.path.split("?")[0]
+    def route(self, h: BaseHTTPRequestHandler, path: str) -> None:
+        h.close_connection = True
         if path == "/good":
             h.send_response(200)
             h.send_header("Content-Type", "image/png")
@@ -145,16 +119,9 @@ class SlowLoris:
             time.sleep(0.01)
         raise AssertionError(f"not within {timeout_s} s: held {dict(self.held)}, requests {dict(self.requests)}")
 
-    @contextmanager
-    def running(self) -> Iterator[SlowLoris]:
-        thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        thread.start()
-        try:
-            yield self
-        finally:
-            self.stop.set()
-            self._server.shutdown()
-            self._server.server_close()
+    def close(self) -> None:
+        self.stop.set()  # held and trickling answers end first
+        super().close()
 
 
 @pytest.fixture
