@@ -45,3 +45,13 @@ def encode_pairs(tokenizer: Any, pairs: Sequence[tuple[str, str]]) -> list[Any]:
     if backend.truncation is not None or backend.padding is not None:
         raise ValueError("encode_pairs needs a tokenizer cleared by read_only()")
     return backend.encode_batch(list(pairs), add_special_tokens=True)
+
+
+def encode_offsets(tokenizer: Any, texts: Sequence[str]) -> list[list[tuple[int, int]]] | None:
+    """Each token's code-point offsets in its text (no special tokens), for texts whose windows
+    report character spans; None for a tokenizer without a Rust backend. Asked only for the
+    texts that need them: offsets cost a second encoding and a tuple per token."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    return [encoding.offsets for encoding in backend.encode_batch(list(texts), add_special_tokens=False)]

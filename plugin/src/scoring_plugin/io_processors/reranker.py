@@ -31,7 +31,7 @@ from scoring_plugin.io_processors.base import ScoringIOProcessor
 from scoring_plugin.io_processors.engine_request import EngineRequest
 from scoring_plugin.models import PACKED_QWEN3_ARCHITECTURE, PAIR_BERT_ARCHITECTURE
 from scoring_plugin.packing import LAYOUT_KEY, PACKED_TASK, PackedRequest, pack
-from scoring_plugin.rerank.prompts import EnginePrompt, PromptBuilder, RerankPlan
+from scoring_plugin.rerank.prompts import EnginePrompt, PromptBuilder, RerankPlan, Window
 from scoring_plugin.rerank.settings import RerankMode, RerankSettings
 from scoring_plugin.rerank.scores import activated_score, check_activation
 from scoring_plugin.rerank.similarity import SIMILARITIES, BiEncoderScoring, classifier_logits, max_sim
@@ -40,7 +40,12 @@ from scoring_plugin.rerank.types import (
     RerankInput,
     RerankOutput,
     ScoredDocument,
+    WindowAggregation,
 )
+from scoring_plugin.rerank.windows import aggregate
+
+# Per engine prompt (by index), the values its score is taken from.
+_PromptValues = list[list[float]] | dict[int, list[float]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +89,7 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
         violations: list[FieldViolation] = []
         limits = self.settings
         violations += text_violations("query", request.query, limits.max_query_chars)
+        violations += self._option_violations(request)
         try:
             check_activation(
                 request.activation,
@@ -121,8 +127,32 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
         if violations:
             raise InvalidInputError(violations)
 
+    def _option_violations(self, request: RerankInput) -> list[FieldViolation]:
+        """The instruction and long-document options, as far as they are checked before any
+        tokenizing (a window's fit beside the query is checked while planning)."""
+        violations: list[FieldViolation] = []
+        if request.instruction is not None:
+            if not self.settings.takes_instruction:
+                violations.append(
+                    FieldViolation(
+                        "instruction",
+                        f"this model's prompt ({self.settings.template.value}) has no instruction slot; "
+                        "leave it unset (GetInfo takes_instruction)",
+                    )
+                )
+            else:
+                violations += text_violations("instruction", request.instruction, self.settings.max_query_chars)
+        options = request.long_documents
+        if options is not None:
+            if options.window_tokens is not None and options.window_tokens < 1:
+                violations.append(FieldViolation("long_documents.window_tokens", "must be at least 1 when set"))
+            elif options.overlap_tokens is not None and options.overlap_tokens < 0:
+                violations.append(FieldViolation("long_documents.overlap_tokens", "must not be negative"))
+        return violations
+
     def text_chars(self, request: RerankInput) -> int:
-        return len(request.query) + sum(len(d.text) for d in request.documents if d.text is not None)
+        instruction = len(request.instruction) if request.instruction is not None else 0
+        return instruction + len(request.query) + sum(len(d.text) for d in request.documents if d.text is not None)
 
     # --------------------------------------------------------------- planning
 
@@ -203,30 +233,26 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
         expected = len(plan.prompts) if state.packed is None else len(state.packed)
         if len(data) != expected:
             raise ValueError(f"expected {expected} outputs, got {len(data)}")
-        logits = self._logits(plan, data, state.packed)
+        values = self._logits(plan, data, state.packed)
         activation = (
             self.settings.default_activation.activation
             if request.activation is Activation.DEFAULT
             else request.activation
         )
-        label = self.settings.score_label
         results = []
         for i, doc in enumerate(request.documents):
-            scores = logits[i]
-            score = scores[label]
-            activated = activated_score(scores, label, activation)
-            if not (math.isfinite(score) and math.isfinite(activated)):
-                raise NonFiniteOutputError(f"the model produced a non-finite score for documents[{i}]")
-            results.append(
-                ScoredDocument(
-                    index=i,
-                    score=activated,
-                    tokens=len(plan.prompts[plan.document_prompt[i]].token_ids),
-                    id=doc.id,
-                    raw_score=score if request.return_raw_scores else None,
-                    document=doc if request.return_documents else None,
-                )
-            )
+            windows = plan.windows.get(i) if plan.windows else None
+            if windows is None:
+                prompt = plan.document_prompt[i]
+                score, activated = self._score(values[prompt], activation, i)
+                scored = ScoredDocument(index=i, score=activated, tokens=len(plan.prompts[prompt].token_ids))
+            else:
+                scored = self._windowed(i, windows, plan, values, activation, request)
+                score = scored.raw_score
+            scored.id = doc.id
+            scored.raw_score = score if request.return_raw_scores else None
+            scored.document = doc if request.return_documents else None
+            results.append(scored)
         results.sort(key=lambda r: -r.score)  # stable: ties keep request order
         if request.top_n is not None:
             results = results[: request.top_n]
@@ -236,26 +262,57 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
             engine_requests=expected,
         )
 
-    def _logits(self, plan: RerankPlan, data: list[Any], packed: list[PackedRequest] | None) -> list[list[float]]:
-        """Per document, the values its score is taken from: a classifier's logits (one per
-        label), or a similarity alone."""
+    def _score(self, values: list[float], activation: Activation, index: int) -> tuple[float, float]:
+        """(raw, activated) score of one engine prompt's values; a model fault when not finite."""
+        label = self.settings.score_label
+        raw = values[label]
+        activated = activated_score(values, label, activation)
+        if not (math.isfinite(raw) and math.isfinite(activated)):
+            raise NonFiniteOutputError(f"the model produced a non-finite score for documents[{index}]")
+        return raw, activated
+
+    def _windowed(
+        self,
+        index: int,
+        windows: tuple[Window, ...],
+        plan: RerankPlan,
+        values: _PromptValues,
+        activation: Activation,
+        request: RerankInput,
+    ) -> ScoredDocument:
+        """A document scored in windows: its windows' scores aggregated as the request asks,
+        the reported window's span, and the tokens of every window. `raw_score` always set."""
+        raws, activated = zip(*(self._score(values[w.prompt], activation, index) for w in windows))
+        options = request.long_documents
+        how = options.aggregation if options is not None else WindowAggregation.MAX
+        score, raw, best = aggregate(activated, raws, how)
+        return ScoredDocument(
+            index=index,
+            score=score,
+            tokens=sum(len(plan.prompts[w.prompt].token_ids) for w in windows),
+            raw_score=raw,
+            window=windows[best].span,
+            windows=len(windows),
+        )
+
+    def _logits(self, plan: RerankPlan, data: list[Any], packed: list[PackedRequest] | None) -> _PromptValues:
+        """Per engine prompt a document (or window) uses, the values its score is taken from: a
+        classifier's logits (one per label), or a similarity alone."""
         mode = self.settings.mode
         if mode is RerankMode.CROSS_ENCODER:  # packed requests: one score per segment
-            if packed is None:
-                logits = [classifier_logits(d) for d in data]
-                if any(len(v) != self.settings.num_labels for v in logits):
-                    raise ValueError(f"expected {self.settings.num_labels} logits per pair")
-            else:
-                logits = [[v] for v in _unpack(packed, data, len(plan.prompts))]
-            return [logits[p] for p in plan.document_prompt]
+            if packed is not None:
+                return [[v] for v in _unpack(packed, data, len(plan.prompts))]
+            logits = [classifier_logits(d) for d in data]
+            if any(len(v) != self.settings.num_labels for v in logits):
+                raise ValueError(f"expected {self.settings.num_labels} logits per pair")
+            return logits
         assert plan.query_prompt is not None
         query = data[plan.query_prompt]
         similarity = SIMILARITIES[self._bi_encoder.similarity] if mode is RerankMode.BI_ENCODER else max_sim
-        scores: dict[int, list[float]] = {}
-        for p in plan.document_prompt:
-            if p not in scores:
-                scores[p] = [similarity(query, data[p])]
-        return [scores[p] for p in plan.document_prompt]
+        used = set(plan.document_prompt)
+        for windows in plan.windows.values():
+            used.update(w.prompt for w in windows)
+        return {p: [similarity(query, data[p])] for p in used}
 
 
 

@@ -35,6 +35,11 @@ DEFAULT_MAX_DOCUMENTS = 1000
 # of English.
 DEFAULT_MAX_QUERY_CHARS = 32_768
 DEFAULT_MAX_DOCUMENT_CHARS = 32_768
+# Long documents (requests' long_documents): windows one call and one document may hold. Each
+# window is an engine prompt, so a call's windows bound its engine work the way max_documents
+# does for documents scored whole.
+DEFAULT_MAX_WINDOWS_PER_CALL = 2048
+DEFAULT_MAX_WINDOWS_PER_DOCUMENT = 64
 QWEN3_DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
 
 
@@ -70,6 +75,8 @@ class RerankSettings:
     max_documents: int
     max_query_chars: int = DEFAULT_MAX_QUERY_CHARS
     max_document_chars: int = DEFAULT_MAX_DOCUMENT_CHARS
+    max_windows_per_call: int = DEFAULT_MAX_WINDOWS_PER_CALL
+    max_windows_per_document: int = DEFAULT_MAX_WINDOWS_PER_DOCUMENT
     # Per-pair token limit when it is below the engine's: a packed engine's limit is per request.
     max_pair_tokens: int | None = None
     # Packed model on CUDA: its pooler's layers as piecewise CUDA graphs (off: eager, for
@@ -101,9 +108,11 @@ class RerankSettings:
         max_documents = int(own.get("max_documents", DEFAULT_MAX_DOCUMENTS))
         if max_documents < 1:
             raise ValueError(f"{CONFIG_KEY}.max_documents must be >= 1, got {max_documents}")
-        text_limits = {key: int(own.get(key, default)) for key, default in (
-            ("max_query_chars", DEFAULT_MAX_QUERY_CHARS), ("max_document_chars", DEFAULT_MAX_DOCUMENT_CHARS))}
-        for key, value in text_limits.items():
+        limits = {key: int(own.get(key, default)) for key, default in (
+            ("max_query_chars", DEFAULT_MAX_QUERY_CHARS), ("max_document_chars", DEFAULT_MAX_DOCUMENT_CHARS),
+            ("max_windows_per_call", DEFAULT_MAX_WINDOWS_PER_CALL),
+            ("max_windows_per_document", DEFAULT_MAX_WINDOWS_PER_DOCUMENT))}
+        for key, value in limits.items():
             if value < 1:
                 raise ValueError(f"{CONFIG_KEY}.{key} must be >= 1, got {value}")
         max_pair_tokens = own.get("max_pair_tokens")
@@ -120,7 +129,7 @@ class RerankSettings:
             template=template,
             instruction=str(own.get("instruction", QWEN3_DEFAULT_INSTRUCTION)),
             max_documents=max_documents,
-            **text_limits,
+            **limits,
             max_pair_tokens=None if max_pair_tokens is None else int(max_pair_tokens),
             pooler_graphs=bool(own.get("pooler_graphs", True)),
             pooler_full_graph_tokens=full_graph_tokens(own, CONFIG_KEY),
@@ -133,6 +142,16 @@ class RerankSettings:
                 else ActivationChoice(Activation.NONE, f"{mode.value} similarity")
             ),
         )
+
+    @property
+    def takes_instruction(self) -> bool:
+        """Whether the prompt has an instruction slot a request may fill (GetInfo)."""
+        return self.template is PromptTemplate.QWEN3_RERANKER
+
+    @property
+    def default_instruction(self) -> str:
+        """The instruction a request without one gets; empty for prompts without the slot."""
+        return self.instruction if self.takes_instruction else ""
 
 
 def _infer_mode(architectures: list[str], raw: dict[str, Any]) -> RerankMode:

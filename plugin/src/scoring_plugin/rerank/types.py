@@ -29,6 +29,26 @@ class TruncationOptions:
 
     max_tokens: int | None = None
     side: TruncationSide = TruncationSide.RIGHT
+    # Rerank documents only: a document's own tokens (no query, no special tokens), at most.
+    max_document_tokens: int | None = None
+
+
+class WindowAggregation(str, Enum):
+    """How a document's window scores become its score."""
+
+    MAX = "max"  # the best window (ties: the earliest)
+    MEAN = "mean"  # the mean of the windows' scores, raw scores alike
+    FIRST = "first"  # the first window
+
+
+@dataclass(slots=True)
+class LongDocumentOptions:
+    """Presence is consent to score documents over the model's limit in windows of their tokens.
+    None: window_tokens = the room beside the query, overlap_tokens = window_tokens // 8."""
+
+    window_tokens: int | None = None
+    overlap_tokens: int | None = None
+    aggregation: WindowAggregation = WindowAggregation.MAX
 
 
 @dataclass(slots=True)
@@ -49,6 +69,9 @@ class RerankInput:
     return_raw_scores: bool = False
     activation: Activation = Activation.DEFAULT
     truncation: TruncationOptions | None = None
+    # None: the model's configured instruction (models whose prompt has an instruction slot).
+    instruction: str | None = None
+    long_documents: LongDocumentOptions | None = None
 
 
 @dataclass(slots=True)
@@ -59,6 +82,10 @@ class ScoredDocument:
     id: str | None = None
     raw_score: float | None = None
     document: RerankDocumentInput | None = None
+    # The winning window's code-point span [start, end) in the document's text: text documents
+    # scored in 2 or more windows only.
+    window: tuple[int, int] | None = None
+    windows: int = 1
 
 
 @dataclass(slots=True)

@@ -92,6 +92,10 @@ class InfoServicer(info_pb2_grpc.InfoServiceServicer):
                 info.activation_source = rerank.default_activation.source
                 info.max_query_chars = rerank.max_query_chars
                 info.max_document_chars = rerank.max_document_chars
+                info.takes_instruction = rerank.takes_instruction
+                info.default_instruction = rerank.default_instruction
+                info.max_windows_per_call = rerank.max_windows_per_call
+                info.max_windows_per_document = rerank.max_windows_per_document
                 if rerank.mode is RerankMode.CROSS_ENCODER:
                     info.num_labels = rerank.num_labels
                     info.score_label = rerank.score_label_name

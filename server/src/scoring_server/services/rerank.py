@@ -10,9 +10,11 @@ from scoring.v1 import rerank_pb2, rerank_pb2_grpc
 from scoring_plugin.errors import InvalidInputError
 from scoring_plugin.rerank.types import (
     Activation,
+    LongDocumentOptions,
     RerankDocumentInput,
     RerankInput,
     RerankOutput,
+    WindowAggregation,
 )
 from scoring_server.config import ModelKind, ServerSettings
 from scoring_server.engines import ModelRegistry
@@ -25,6 +27,12 @@ _ACTIVATIONS = {
     rerank_pb2.ACTIVATION_NONE: Activation.NONE,
     rerank_pb2.ACTIVATION_SIGMOID: Activation.SIGMOID,
     rerank_pb2.ACTIVATION_SOFTMAX: Activation.SOFTMAX,
+}
+_AGGREGATIONS = {
+    rerank_pb2.WINDOW_AGGREGATION_UNSPECIFIED: WindowAggregation.MAX,
+    rerank_pb2.WINDOW_AGGREGATION_MAX: WindowAggregation.MAX,
+    rerank_pb2.WINDOW_AGGREGATION_MEAN: WindowAggregation.MEAN,
+    rerank_pb2.WINDOW_AGGREGATION_FIRST: WindowAggregation.FIRST,
 }
 
 
@@ -39,7 +47,23 @@ def to_rerank_input(request: rerank_pb2.RerankRequest) -> RerankInput:
         return_documents=request.return_documents,
         return_raw_scores=request.return_raw_scores,
         activation=_ACTIVATIONS[request.activation],
-        truncation=to_truncation(request),
+        truncation=to_truncation(request, documents=True),
+        instruction=request.instruction if request.HasField("instruction") else None,
+        long_documents=_to_long_documents(request),
+    )
+
+
+def _to_long_documents(request: rerank_pb2.RerankRequest) -> LongDocumentOptions | None:
+    """Absent message: no consent to windows. Unknown aggregations are rejected by name."""
+    if not request.HasField("long_documents"):
+        return None
+    options = request.long_documents
+    if options.aggregation not in _AGGREGATIONS:
+        raise InvalidInputError.single("long_documents.aggregation", f"unknown value {options.aggregation}")
+    return LongDocumentOptions(
+        window_tokens=options.window_tokens if options.HasField("window_tokens") else None,
+        overlap_tokens=options.overlap_tokens if options.HasField("overlap_tokens") else None,
+        aggregation=_AGGREGATIONS[options.aggregation],
     )
 
 
@@ -64,13 +88,17 @@ def _to_response(
         timings=executed.timings,
     )
     for scored in result.results:
-        item = response.results.add(index=scored.index, score=scored.score, tokens=scored.tokens)
+        item = response.results.add(
+            index=scored.index, score=scored.score, tokens=scored.tokens, windows=scored.windows
+        )
         if scored.id is not None:
             item.id = scored.id
         if scored.raw_score is not None:
             item.raw_score = scored.raw_score
         if scored.document is not None:
             item.document.CopyFrom(request.documents[scored.index])
+        if scored.window is not None:
+            item.window.start, item.window.end = scored.window
     return response
 
 
