@@ -37,6 +37,30 @@ _ACTIVATIONS = {
     "softmax": rerank_pb2.ACTIVATION_SOFTMAX,
 }
 _SIDES = {"right": common_pb2.TRUNCATION_SIDE_RIGHT, "left": common_pb2.TRUNCATION_SIDE_LEFT}
+_AGGREGATIONS = {
+    "max": rerank_pb2.WINDOW_AGGREGATION_MAX,
+    "mean": rerank_pb2.WINDOW_AGGREGATION_MEAN,
+    "first": rerank_pb2.WINDOW_AGGREGATION_FIRST,
+}
+
+
+@dataclass(frozen=True)
+class LongDocuments:
+    """Consent to score documents over the model's limit in windows of their tokens. Unset
+    sizes take the server's defaults: windows as wide as fit beside the query, an eighth of a
+    window of overlap; the best window's score unless `aggregation` says otherwise."""
+
+    window_tokens: int | None = None
+    overlap_tokens: int | None = None
+    aggregation: Literal["max", "mean", "first"] = "max"
+
+    def to_proto(self) -> rerank_pb2.LongDocuments:
+        message = rerank_pb2.LongDocuments(aggregation=_AGGREGATIONS[self.aggregation])
+        if self.window_tokens is not None:
+            message.window_tokens = self.window_tokens
+        if self.overlap_tokens is not None:
+            message.overlap_tokens = self.overlap_tokens
+        return message
 
 
 @dataclass(frozen=True)
@@ -80,6 +104,10 @@ class RerankHit:
     id: str | None = None
     raw_score: float | None = None
     text: str | None = None
+    # Long documents: the windows the document was scored in, and the reported window's
+    # code-point span (text documents in 2 or more windows): document[start:end].
+    windows: int = 1
+    window: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -263,10 +291,16 @@ class ScoringClient:
         activation: Literal["none", "sigmoid", "softmax"] | None = None,
         truncate: Literal["right", "left"] | None = None,
         max_tokens: int | None = None,
+        max_document_tokens: int | None = None,
+        instruction: str | None = None,
+        long_documents: LongDocuments | None = None,
         request_id: str = "",
         timeout: float | None = None,
     ) -> RerankResult:
-        """Documents are texts or token-id lists; ``truncate`` opts in to truncation."""
+        """Documents are texts or token-id lists; ``truncate`` opts in to truncation (with
+        ``max_document_tokens``, documents are cut to that many tokens of their own first);
+        ``instruction`` replaces the model's task instruction (models whose GetInfo says
+        ``takes_instruction``); ``long_documents`` scores over-long documents in windows."""
         request = rerank_pb2.RerankRequest(
             query=query,
             return_documents=return_documents,
@@ -285,6 +319,14 @@ class ScoringClient:
         if top_n is not None:
             request.top_n = top_n
         _set_model_and_truncation(request, model, truncate, max_tokens)
+        if max_document_tokens is not None:
+            if truncate is None:
+                raise ValueError("max_document_tokens cuts documents: it needs truncate='right' or 'left'")
+            request.truncation.max_document_tokens = max_document_tokens
+        if instruction is not None:
+            request.instruction = instruction
+        if long_documents is not None:
+            request.long_documents.CopyFrom(long_documents.to_proto())
         response = self._call(next(self._turn).rerank.Rerank, request, timeout)
         return RerankResult(
             hits=[
@@ -294,6 +336,8 @@ class ScoringClient:
                     id=r.id if r.HasField("id") else None,
                     raw_score=r.raw_score if r.HasField("raw_score") else None,
                     text=r.document.text if r.HasField("document") else None,
+                    windows=r.windows,
+                    window=(r.window.start, r.window.end) if r.HasField("window") else None,
                 )
                 for r in response.results
             ],

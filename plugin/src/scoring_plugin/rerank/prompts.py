@@ -20,6 +20,7 @@ from scoring_plugin.rerank.windows import (
     WindowShape,
     character_cuts,
     character_span,
+    kept_offsets,
     window_ranges,
 )
 from scoring_plugin.tokenization import encode_offsets, encode_texts, read_only
@@ -388,7 +389,8 @@ class PromptBuilder:
             skipped = len(offsets) - len(long[i])
             if skipped < 0:  # not the ids the call scored: no spans rather than wrong ones
                 continue
-            kept[i] = offsets[skipped:] if budget.side is TruncationSide.LEFT else offsets[: len(long[i])]
+            start = skipped if budget.side is TruncationSide.LEFT else 0
+            kept[i] = kept_offsets(offsets, start, start + len(long[i])) if skipped else offsets
         return kept
 
 

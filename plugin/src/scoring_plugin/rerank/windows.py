@@ -7,8 +7,9 @@ they batch (and pack) with the call's other documents and duplicates still run o
 
 A text document is never split inside a character: a byte-level tokenizer spells an emoji or
 a CJK character in several tokens, and a window holding only some of them would score bytes
-that are no text and report a span whose characters it did not see. Boundaries move back to
-the nearest character boundary, so a window may hold a few tokens less than asked.
+that are no text and report a span whose characters it did not see. A window's end moves back
+to the nearest character boundary (it may hold a few tokens less than asked), the next window's
+start forward to one (the overlap may lose the tokens of one character).
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def window_ranges(
         ranges.append((start, end))
         if end == length or (limit is not None and len(ranges) > limit):
             return ranges
-        start = _cut_at_or_before(min(start + stride, end), start, cuts)
+        # Unsplit, end - overlap is start + stride; after a shortened window it keeps the overlap.
+        start = _cut_at_or_after(max(end - shape.overlap, start + 1), end, cuts)
 
 
 def _cut_at_or_before(position: int, floor: int, cuts: Sequence[bool] | None) -> int:
@@ -80,6 +82,17 @@ def _cut_at_or_before(position: int, floor: int, cuts: Sequence[bool] | None) ->
     return b if b > floor else position
 
 
+def _cut_at_or_after(position: int, ceiling: int, cuts: Sequence[bool] | None) -> int:
+    """The first allowed boundary in [position, ceiling]; `position` itself when there is none.
+    Forward, not back: a start moved back could repeat most of the window before."""
+    if cuts is None:
+        return position
+    b = position
+    while b <= ceiling and not cuts[b]:
+        b += 1
+    return b if b <= ceiling else position
+
+
 def character_cuts(offsets: Sequence[tuple[int, int]]) -> list[bool]:
     """Per token boundary, whether it falls between characters: a token that starts inside the
     characters of the token before it continues the same character's bytes."""
@@ -87,6 +100,26 @@ def character_cuts(offsets: Sequence[tuple[int, int]]) -> list[bool]:
     for b in range(1, len(offsets)):
         cuts[b] = offsets[b][0] >= offsets[b - 1][1]
     return cuts
+
+
+def kept_offsets(offsets: Sequence[tuple[int, int]], start: int, end: int) -> list[tuple[int, int]]:
+    """The offsets of tokens [start, end) of a text whose other tokens were cut off (truncation
+    before windowing). The bytes of a character the cut went through become empty at its
+    edge, so that spans name only characters whose every token was scored."""
+    kept = list(offsets[start:end])
+    if start > 0:
+        edge = offsets[start - 1][1]
+        i = 0
+        while i < len(kept) and kept[i][0] < edge:
+            kept[i] = (edge, edge)
+            i += 1
+    if end < len(offsets):
+        edge = offsets[end][0]
+        j = len(kept) - 1
+        while j >= 0 and kept[j][1] > edge:
+            kept[j] = (edge, edge)
+            j -= 1
+    return kept
 
 
 def character_span(offsets: Sequence[tuple[int, int]], start: int, end: int, shift: int) -> Span:
