@@ -17,8 +17,9 @@ java-toolchain:
 	clients/java/install-offline-toolchain.sh
 
 # The service on its embedded default: CPU, fp32, demo models built under .demo-models/.
+# HTTP_PORT=8080 also opens the HTTP APIs (README: HTTP).
 demo: env
-	$(PY) -m scoring_server --demo --port $(PORT)
+	$(PY) -m scoring_server --demo --port $(PORT) $(if $(HTTP_PORT),--http-port $(HTTP_PORT))
 
 # Every test, every tier (tests/README.md): unit, kernels, engine, server, clients, deploy, bench.
 test: env java-toolchain

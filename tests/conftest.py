@@ -60,9 +60,10 @@ def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
     reuse = os.environ.get("SCORING_TEST_REUSE_PORT")
     if reuse:  # for development: a demo server already running on this port
         metrics = os.environ.get("SCORING_TEST_REUSE_METRICS_PORT")
+        http = os.environ.get("SCORING_TEST_REUSE_HTTP_PORT")
         yield RunningServer(
             subprocess.Popen(["true"]), int(reuse), Path(os.environ.get("SCORING_TEST_REUSE_LOG", log)),
-            int(metrics) if metrics else None,
+            int(metrics) if metrics else None, http_port=int(http) if http else None,
         )
         return
     metrics_port = free_port()
@@ -71,6 +72,7 @@ def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
          "--log-format", "json", "--image-allow-network", "127.0.0.1/32", "--image-fetch-timeout-s", "2"],
         log,
         metrics_port=metrics_port,
+        http=True,
     )
     yield server
     code = stop_server(server)

@@ -31,8 +31,9 @@ RUN_BY = {
     ".venv/bin/scoring-server": "test_serving_commands",
     ".venv/bin/scoring-parity": "test_parity_commands",
     ".venv/bin/python": "test_plugin_without_our_server",
-    "curl": "test_plugin_without_our_server",
+    "curl": "test_plugin_without_our_server (localhost:8000), test_http_examples (localhost:8080)",
 }
+HTTP_BASE = "localhost:8080"
 
 
 def _for(server: RunningServer, text: str) -> str:
@@ -72,6 +73,27 @@ def test_grpcurl_examples(demo_server: RunningServer, line: str) -> None:
     assert done.stdout.strip()
 
 
+@pytest.mark.parametrize("command", [c for c in COMMANDS if c.startswith(f"curl {HTTP_BASE}")])
+def test_http_examples(demo_server: RunningServer, command: str) -> None:
+    done = subprocess.run(
+        command.replace(HTTP_BASE, demo_server.http_base) + " --fail-with-body --silent --show-error",
+        shell=True, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)
+
+
+def test_langchain_example(demo_server: RunningServer) -> None:
+    (code,) = [b for k, b in BLOCKS if k == "py"]
+    done = subprocess.run(
+        [sys.executable, "-c", code.replace(f"http://{HTTP_BASE}", demo_server.http_base)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    score, text = done.stdout.strip().split(" ", 1)
+    assert 0 < float(score) < 1 and text in ("The stock market closed higher.", "Cats sleep up to sixteen hours a day.")
+
+
 def _local(command: str) -> str:
     """The command as this run can run it: the demo checkpoints where this run built them."""
     return command.replace(".demo-models/", f"{DEMO_DIR}/")
@@ -109,7 +131,7 @@ def test_plugin_without_our_server(demo_models: dict, tmp_path: Path) -> None:
     """`vllm serve` with our plugin, as the README starts it on the CPU build, on the demo
     cross-encoder whose config.json lacks `sep_token_id`; then the README's curl call."""
     (serve,) = [c for c in COMMANDS if c.startswith(".venv/bin/python -m vllm")]
-    (call,) = [c for c in COMMANDS if c.startswith("curl")]
+    (call,) = [c for c in COMMANDS if c.startswith("curl localhost:8000")]
     assert "sep_token_id" not in json.loads((DEMO_DIR / "bert-cross-encoder" / "config.json").read_text())
     port = free_port()
     command = shlex.split(_local(serve).replace("--port 8000", f"--port {port} --host 127.0.0.1"))

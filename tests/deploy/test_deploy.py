@@ -110,6 +110,7 @@ def test_kubernetes_manifests_validate_strictly(tmp_path: Path) -> None:
     files = [
         kubernetes / "base" / "deployment.yaml",
         kubernetes / "base" / "service.yaml",
+        DEPLOY / "kserve" / "services" / "rerank-http.yaml",
         _kustomize(kubernetes / "base", tmp_path),
         _kustomize(kubernetes / "overlays" / "gpu", tmp_path),
     ]
@@ -158,6 +159,19 @@ def test_each_inference_service_uses_the_runtime_with_explicit_dtype_and_drain()
                 "fetch_timeout_s": 2.0, "max_images": 64,
             }
     assert kinds == {"rerank", "absa", "image_rank"}
+
+
+def test_the_http_port_is_exposed_beside_grpc() -> None:
+    """Knative routes one port, so the ISVC with the HTTP door is a RawDeployment whose pods a
+    Service of our own reaches on the port `--http-port` names."""
+    (isvc,) = _documents(DEPLOY / "kserve" / "inferenceservice-rerank-http.yaml")
+    (service,) = _documents(DEPLOY / "kserve" / "services" / "rerank-http.yaml")
+    assert isvc["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "RawDeployment"
+    model = isvc["spec"]["predictor"]["model"]
+    http_port = next(int(a.split("=")[1]) for a in model["args"] if a.startswith("--http-port="))
+    assert {p["name"]: p["containerPort"] for p in model["ports"]} == {"h2c": 8081, "http": http_port}
+    assert service["spec"]["selector"] == {"serving.kserve.io/inferenceservice": isvc["metadata"]["name"]}
+    assert service["spec"]["ports"][0]["targetPort"] == http_port
 
 
 def _probe(port: int, service: str) -> str:

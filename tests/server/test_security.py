@@ -3,13 +3,16 @@ admission limits, checked from outside as a caller would meet them."""
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
+import httpx
 import pytest
 import yaml
+from google.protobuf import json_format
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from support.certs import Pki, make_pki
@@ -46,6 +49,7 @@ def hardened(pki: Pki, demo_models: dict, tmp_path_factory: pytest.TempPathFacto
         ["--config", str(work / "server.yaml")], work / "server.log",
         wait_service="scoring.v1.AbsaService",
         client_kwargs=_tls(pki),
+        http=True,
     )
     yield server
     assert stop_server(server) == 0, server.log_tail()
@@ -135,3 +139,42 @@ def test_overload_is_refused_at_once_with_a_retry_hint(hardened: RunningServer, 
             time.sleep(0.1)
         assert client.info().models[0].pending_request_states == 0
         assert len(client.analyze(pairs=[("food", REVIEW)] * 64).results) == 64  # recovers
+
+
+def _https(server: RunningServer, pki: Pki, client_cert: bool = True) -> httpx.Client:
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    if client_cert:
+        context.load_cert_chain(str(pki.client_cert), str(pki.client_key))
+    return httpx.Client(base_url=f"https://127.0.0.1:{server.http_port}", verify=context, timeout=120)
+
+
+def test_the_http_door_has_the_same_tls_tokens_and_limits(hardened: RunningServer, pki: Pki) -> None:
+    body = {"pairs": [{"aspect": "food", "review": REVIEW}]}
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{hardened.http_port}/health", timeout=5)
+    with _https(hardened, pki, client_cert=False) as no_cert, pytest.raises(httpx.HTTPError):
+        no_cert.get("/health")
+    with _https(hardened, pki) as http:
+        assert http.get("/health").status_code == 200  # exempt, as on gRPC
+        anonymous = http.post("/scoring/v1/absa", json=body)
+        assert anonymous.status_code == 401 and TOKEN not in anonymous.text
+        assert http.post("/scoring/v1/absa", json=body, headers={"authorization": "Bearer wrong"}).status_code == 401
+        answered = http.post("/scoring/v1/absa", json=body, headers={"authorization": f"Bearer {TOKEN}"})
+        assert answered.status_code == 200, answered.text
+        assert answered.json()["results"][0]["aspect"] == "food"
+
+
+def test_http_overload_is_429_with_retry_after(hardened: RunningServer, pki: Pki) -> None:
+    def call(pairs: int) -> httpx.Response:
+        with _https(hardened, pki) as http:
+            request = json_format.MessageToDict(_request(pairs))
+            return http.post("/scoring/v1/absa", json=request, headers={"authorization": f"Bearer {TOKEN}"})
+
+    with ThreadPoolExecutor(16) as pool:
+        replies = list(pool.map(call, [60] * 6 + [10] * 10))
+    refused = [r for r in replies if r.status_code != 200]
+    assert refused and len(refused) < len(replies), [r.status_code for r in replies]
+    for reply in refused:
+        assert reply.status_code == 429, reply.text
+        assert reply.headers["retry-after"] == "1"  # 40 ms, in whole seconds
+        assert reply.json()["error_type"] == "RESOURCE_EXHAUSTED"

@@ -70,10 +70,17 @@ class RunningServer:
     statuses_seen: list[str] = field(default_factory=list)
     # How to reach it (TLS material, token) when not plaintext.
     client_kwargs: dict[str, object] = field(default_factory=dict)
+    # The HTTP front door's port, when the server was started with one.
+    http_port: int | None = None
 
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def http_base(self) -> str:
+        assert self.http_port is not None, "this server was started without --http-port"
+        return f"http://127.0.0.1:{self.http_port}"
 
     def client(self, **kwargs: object) -> ScoringClient:
         return ScoringClient(self.target, **{**self.client_kwargs, **kwargs})  # type: ignore[arg-type]
@@ -89,14 +96,21 @@ def start_server(
     wait_service: str = "",
     metrics_port: int | None = None,
     client_kwargs: dict[str, object] | None = None,
+    http: bool = False,
 ) -> RunningServer:
-    """`python -m scoring_server ARGS` on a free port, returned once `wait_service` is SERVING."""
+    """`python -m scoring_server ARGS` on a free port, returned once `wait_service` is SERVING;
+    `http`: with the HTTP front door on another free port."""
     port = free_port()
     command = [sys.executable, "-m", "scoring_server", *args, "--port", str(port), "--host", "127.0.0.1"]
-    return launch(
+    http_port = free_port() if http else None
+    if http_port is not None:
+        command += ["--http-port", str(http_port)]
+    server = launch(
         command, port, log, wait_service=wait_service, metrics_port=metrics_port,
         client_kwargs=client_kwargs,
     )
+    server.http_port = http_port
+    return server
 
 
 def launch(

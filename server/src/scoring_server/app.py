@@ -21,12 +21,14 @@ from scoring_server.config import ModelKind, ModelSettings, ServerSettings
 from scoring_server.engines import EngineClientSlot, ModelRegistry, ServedModel
 from scoring_server import __version__
 from scoring_server.errors import ErrorMappingInterceptor
+from scoring_server.http.app import Servicers, build_app
+from scoring_server.http.server import HttpServer
 from scoring_server.metrics import SHARED_STATE_ENTRIES, serve_metrics, served_states
 from scoring_server.services.info import InfoServicer
 from scoring_server.services.absa import AbsaServicer
 from scoring_server.services.image_rank import ImageRankServicer
 from scoring_server.services.rerank import RerankServicer
-from scoring_server.security import AuthSettings, BearerTokenInterceptor
+from scoring_server.security import AuthSettings, BearerTokenInterceptor, TokenCheck
 from scoring_server.telemetry import TelemetryInterceptor
 from scoring_server.tracing import TracingSettings
 
@@ -87,13 +89,19 @@ class ScoringServer:
                 ("grpc.so_reuseport", int(self.shared)),
             ],
         )
+        servicers = Servicers(
+            rerank=RerankServicer(self.registry, settings),
+            absa=AbsaServicer(self.registry, settings),
+            image_rank=ImageRankServicer(self.registry, settings),
+            info=InfoServicer(self.registry, settings),
+        )
         # Not the generated `add_*Servicer_to_server`: their deserializers raise on a malformed
         # message before any interceptor runs (`scoring_server.decoding` says what follows).
         for service, servicer in (
-            (_RERANK, RerankServicer(self.registry, settings)),
-            (_INFO, InfoServicer(self.registry, settings)),
-            (_ABSA, AbsaServicer(self.registry, settings)),
-            (_IMAGE_RANK, ImageRankServicer(self.registry, settings)),
+            (_RERANK, servicers.rerank),
+            (_INFO, servicers.info),
+            (_ABSA, servicers.absa),
+            (_IMAGE_RANK, servicers.image_rank),
         ):
             decoding.add_servicer(service, servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -115,6 +123,19 @@ class ScoringServer:
             self.port = self.server.add_insecure_port(address)
         if self.port == 0:
             raise RuntimeError(f"cannot bind {settings.host}:{settings.port}")
+        # The same servicers behind both doors: one request path, one set of admission limits.
+        self.http = (
+            None
+            if settings.http_port is None
+            else HttpServer(
+                build_app(servicers, self.registry, TokenCheck(settings.auth), settings.max_receive_message_bytes),
+                settings.http_host or settings.host,
+                settings.http_port,
+                self.shared,
+                settings.tls,
+                settings.drain_grace_s,
+            )
+        )
 
     def _health_names(self) -> list[str]:
         """The names health knows: the server, each served kind's service and each model. Any
@@ -133,6 +154,8 @@ class ScoringServer:
         await self.health.set(INFO_SERVICE, SERVING)
         await self.server.start()
         logger.info("listening on %s:%d", self.settings.host, self.port)
+        if self.http is not None:
+            await self.http.start()
         if self.settings.metrics_port is not None and not self.shared:
             bound = serve_metrics(
                 lambda: served_states(self.registry), self.settings.served_metrics_host(), self.settings.metrics_port,
@@ -194,7 +217,10 @@ class ScoringServer:
         """Health first, so load balancers stop routing; then in-flight calls finish."""
         logger.info("draining for up to %.1f s", self.settings.drain_grace_s)
         await self.health.enter_graceful_shutdown()
-        await self.server.stop(self.settings.drain_grace_s)
+        if self.http is None:
+            await self.server.stop(self.settings.drain_grace_s)
+        else:
+            await asyncio.gather(self.server.stop(self.settings.drain_grace_s), self.http.stop())
         self.registry.shutdown()
         tracing.shutdown()
 

@@ -78,6 +78,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--metrics-host",
         help="the address /metrics listens on (default: --host, or loopback when TLS or tokens are on)",
     )
+    parser.add_argument(
+        "--http-port", type=int, help="serve the HTTP APIs (Cohere /v1/rerank and /v2/rerank, TEI /rerank) on this port"
+    )
+    parser.add_argument("--http-host", help="address of the HTTP port (default: --host)")
     parser.add_argument("--log-format", choices=["text", "json"])
     parser.add_argument(
         "--otlp-endpoint", help="turn OpenTelemetry tracing on, exporting OTLP/gRPC here"
@@ -109,6 +113,8 @@ def _settings_from_args(args: argparse.Namespace) -> ServerSettings:
         "reflection": False if args.no_reflection else None,
         "metrics_port": args.metrics_port,
         "metrics_host": args.metrics_host,
+        "http_port": args.http_port,
+        "http_host": args.http_host,
         "log_format": args.log_format,
         "tracing": {"enabled": True, "otlp_endpoint": args.otlp_endpoint} if args.otlp_endpoint else None,
     }

@@ -192,6 +192,11 @@ class ServerSettings(BaseSettings):
     # The address /metrics listens on. Unset: `host`, but loopback when TLS or tokens protect
     # the gRPC port, since /metrics is plain HTTP without either and names every model.
     metrics_host: str | None = None
+    # The HTTP front door (Cohere's and TEI's rerank APIs, our messages as JSON) on this port;
+    # None: off. It shares the gRPC port's TLS, tokens and message limit.
+    http_port: int | None = Field(default=None, ge=0, le=65535)
+    # The address it listens on. Unset: `host`.
+    http_host: str | None = None
     # One access-log line per scoring call: plain text or JSON (for log pipelines).
     log_format: Literal["text", "json"] = "text"
     tracing: TracingSettings = Field(default_factory=TracingSettings)
@@ -225,6 +230,8 @@ class ServerSettings(BaseSettings):
                 raise ValueError(f"more than one default {kind.value} model: {defaults}")
         if self.frontends > 1 and self.port == 0:
             raise ValueError("frontends > 1 share one fixed port: set port")
+        if self.frontends > 1 and self.http_port == 0:
+            raise ValueError("frontends > 1 share one fixed HTTP port: set http_port")
         return self
 
     def served_metrics_host(self) -> str:

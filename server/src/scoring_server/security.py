@@ -54,25 +54,39 @@ class AuthSettings(BaseModel):
         return bool(self.tokens)
 
 
-class BearerTokenInterceptor(BehaviorInterceptor):
+class TokenCheck:
+    """The bearer-token rule of both front doors (gRPC metadata, HTTP headers)."""
+
+    REFUSAL = "a valid `authorization: Bearer <token>` is required"
+
     def __init__(self, settings: AuthSettings) -> None:
         self._tokens = [t.get_secret_value().encode() for t in settings.tokens]
+
+    def allows(self, authorization: str | None) -> bool:
+        if not self._tokens:
+            return True
+        if authorization is None or not authorization.startswith("Bearer "):
+            return False
+        offered = authorization[len("Bearer "):].encode()
+        # Every token compared, match or not: timing says nothing about which failed.
+        return any([hmac.compare_digest(offered, token) for token in self._tokens])
+
+
+class BearerTokenInterceptor(BehaviorInterceptor):
+    def __init__(self, settings: AuthSettings) -> None:
+        self._check = TokenCheck(settings)
         self._exempt = tuple(f"/{service}/" for service in settings.exempt_services)
 
     def _allowed(self, method: str, context: grpc.aio.ServicerContext) -> bool:
         if method.startswith(self._exempt):
             return True
         for key, value in context.invocation_metadata() or ():
-            if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
-                offered = value[len("Bearer "):].encode()
-                # Every token compared, match or not: timing says nothing about which failed.
-                return any([hmac.compare_digest(offered, token) for token in self._tokens])
+            if key == "authorization" and isinstance(value, str):
+                return self._check.allows(value)
         return False
 
     async def _refuse(self, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(
-            grpc.StatusCode.UNAUTHENTICATED, "a valid `authorization: Bearer <token>` is required"
-        )
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, TokenCheck.REFUSAL)
 
     def wrap_unary(self, behavior: Unary, method: str) -> Unary:
         async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
