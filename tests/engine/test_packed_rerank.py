@@ -20,13 +20,17 @@ from scoring_plugin.io_processors.reranker import RerankerIOProcessor
 from scoring_plugin.packing import LAYOUT_KEY
 from scoring_plugin.reference.rerank import Scorer, reference_for
 from scoring_plugin.rerank.types import (
+    LongDocumentOptions,
     RerankDocumentInput,
     RerankInput,
     TruncationOptions,
+    WindowAggregation,
 )
 from scoring_server.config import ModelSettings
+from transformers import AutoTokenizer
 
 from support.engines import InProcessEngine, in_process_engine
+from support.qwen3_official import official_scorer
 
 PACK_TOKENS = 256
 QUERY = "quiet cafe"
@@ -222,3 +226,77 @@ def test_a_pair_at_the_advertised_limit_packs(packed: InProcessEngine) -> None:
     assert packed.processor.pending_states == 0
 
 
+
+
+INSTRUCTION = "Given a question about cafes, find reviews that describe the atmosphere"
+
+
+def test_instruction_is_in_the_shared_head_and_scores_like_the_official_prompt(
+    packed: InProcessEngine, demo_models: dict[str, ModelSettings]
+) -> None:
+    """The instruction travels in the head every pair of the call shares (packed once), and the
+    pairs score as Qwen3-Reranker's published prompt with that instruction does."""
+    request = RerankInput(
+        query=QUERY, documents=[RerankDocumentInput(text=d) for d in SHORT_DOCS],
+        instruction=INSTRUCTION, return_raw_scores=True,
+    )
+    requests, output = packed.run(request)
+    layout = _layouts(requests)[0]
+    assert len(requests) == 1
+    tokenizer = AutoTokenizer.from_pretrained(demo_models["qwen3-seq-cls"].path)
+    head = tokenizer(
+        f"<Instruct>: {INSTRUCTION}\n<Query>: {QUERY}\n<Document>:", add_special_tokens=False
+    )["input_ids"]
+    prompt = requests[0].prompt["prompt_token_ids"]
+    assert prompt[layout[0] - len(head) : layout[0]] == head
+    official = official_scorer(demo_models["qwen3-seq-cls"].path, causal=False)
+    for result in output.results:
+        expected = official(INSTRUCTION, QUERY, SHORT_DOCS[result.index])
+        assert result.raw_score == pytest.approx(expected, abs=1e-4)
+
+
+@pytest.mark.parametrize("aggregation", list(WindowAggregation))
+def test_a_calls_windows_go_in_one_engine_request(
+    packed: InProcessEngine, demo_models: dict[str, ModelSettings], aggregation: WindowAggregation
+) -> None:
+    """A document over the room (made small with truncation.max_tokens) is scored in windows,
+    packed with the call's other documents in one engine request, each window scoring as it
+    does alone."""
+    processor = packed.processor
+    probe = processor._builder.plan(RerankInput(query=QUERY, documents=[RerankDocumentInput(token_ids=[5])]))
+    frame = len(probe.prompts[0].token_ids) - 1  # the template and the query around a document
+    long_doc = "coffee tea milk water bread cheese cafe quiet city river park museum "  # 36 tokens
+    request = RerankInput(
+        query=QUERY,
+        documents=[RerankDocumentInput(text=SHORT_DOCS[0]), RerankDocumentInput(text=long_doc)],
+        truncation=TruncationOptions(max_tokens=frame + 16),
+        long_documents=LongDocumentOptions(overlap_tokens=4, aggregation=aggregation),
+        return_raw_scores=True,
+    )
+    requests, output = packed.run(request)
+    assert len(requests) == 1
+    long = next(r for r in output.results if r.index == 1)
+    tokenizer = AutoTokenizer.from_pretrained(demo_models["qwen3-seq-cls"].path)
+    ids = tokenizer(" " + long_doc, add_special_tokens=False)["input_ids"]
+    windows, start = [], 0
+    while True:  # windows of 16 (the room), each starting 4 before the previous one ended
+        windows.append(ids[start : start + 16])
+        if start + 16 >= len(ids):
+            break
+        start += 16 - 4
+    assert long.windows == len(windows) >= 3
+    assert len(_layouts(requests)[0]) - 1 == 1 + len(windows)  # the short document and each window
+    alone = {
+        r.index: r.raw_score
+        for r in packed.run(
+            RerankInput(query=QUERY, documents=[RerankDocumentInput(token_ids=w) for w in windows], return_raw_scores=True)
+        )[1].results
+    }
+    raws = [alone[i] for i in range(len(windows))]
+    expected = {
+        WindowAggregation.MAX: max(raws),  # the default activation (sigmoid) keeps the order
+        WindowAggregation.FIRST: raws[0],
+        WindowAggregation.MEAN: sum(raws) / len(raws),
+    }[aggregation]
+    assert long.raw_score == pytest.approx(expected, abs=1e-5)
+    assert processor.pending_states == 0

@@ -3,6 +3,7 @@ fall, their character spans, how their scores aggregate, the limits, and the pro
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -76,7 +77,7 @@ def test_window_ranges_properties(length: int, tokens: int, overlap: int) -> Non
     ranges = window_ranges(length, WindowShape(tokens, overlap))
     assert ranges[0][0] == 0 and ranges[-1][1] == length
     assert all(0 < end - start <= tokens for start, end in ranges)
-    for (s0, e0), (s1, _) in zip(ranges, ranges[1:]):
+    for (s0, e0), (s1, _) in pairwise(ranges):
         assert s1 == s0 + tokens - overlap and e0 - s1 == overlap
 
 
@@ -160,7 +161,10 @@ def test_instruction_replaces_the_default_in_the_shared_head(qwen3_tokenizer: Pr
     docs = [RerankDocumentInput(text="alpha beta"), RerankDocumentInput(text="gamma")]
     plan = builder.plan(RerankInput(query="what", documents=docs, instruction="Find recipes"))
     head = QWEN3_SYSTEM_PREFIX + "<Instruct>: Find recipes\n<Query>: what\n<Document>:"
-    ids = lambda text: qwen3_tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+
+    def ids(text: str) -> list[int]:
+        return qwen3_tokenizer(text, add_special_tokens=False)["input_ids"]
+
     expected = ids(QWEN3_SYSTEM_PREFIX) + ids("<Instruct>: Find recipes\n<Query>: what\n<Document>:")
     assert plan.shared_prefix == len(expected)
     for prompt, doc in zip(plan.prompts, docs):
@@ -198,7 +202,7 @@ def test_unicode_windows_keep_character_spans(
         assert "\ufffd" not in text
         spans.append(window.span)
     assert spans[0][0] == 0 and spans[-1][1] == len(UNICODE_DOC)
-    assert all(s1 <= e0 for (_, e0), (s1, _) in zip(spans, spans[1:]))
+    assert all(s1 <= e0 for (_, e0), (s1, _) in pairwise(spans))
     assert plan.document_prompt[1] == windows[0].prompt
 
 

@@ -104,6 +104,8 @@ class RerankHit:
     id: str | None = None
     raw_score: float | None = None
     text: str | None = None
+    # Tokens of the document's engine prompts (summed over its windows).
+    tokens: int = 0
     # Long documents: the windows the document was scored in, and the reported window's
     # code-point span (text documents in 2 or more windows): document[start:end].
     windows: int = 1
@@ -336,6 +338,7 @@ class ScoringClient:
                     id=r.id if r.HasField("id") else None,
                     raw_score=r.raw_score if r.HasField("raw_score") else None,
                     text=r.document.text if r.HasField("document") else None,
+                    tokens=r.tokens,
                     windows=r.windows,
                     window=(r.window.start, r.window.end) if r.HasField("window") else None,
                 )

@@ -57,7 +57,6 @@ def window_ranges(
 
     `cuts[b]` (b in 0..length): whether a window may start or end before token b (a character
     boundary); None: anywhere. `limit`: stop after limit + 1 windows, enough to refuse."""
-    stride = shape.tokens - shape.overlap
     ranges: list[tuple[int, int]] = []
     start = 0
     while True:

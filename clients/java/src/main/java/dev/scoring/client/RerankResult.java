@@ -13,12 +13,23 @@ public final class RerankResult {
     public final double score;
     public final String id;
     public final String text;
+    /** Windows the document was scored in (long documents); 1 when scored whole. */
+    public final int windows;
+    /**
+     * The reported window's span in the document's text, in Unicode code points, end exclusive
+     * (note: Java strings count UTF-16 units); null unless the text was scored in 2+ windows.
+     */
+    public final Integer windowStart;
+    public final Integer windowEnd;
 
-    Hit(int index, double score, String id, String text) {
-      this.index = index;
-      this.score = score;
-      this.id = id;
-      this.text = text;
+    Hit(dev.scoring.v1.RerankResult r) {
+      this.index = r.getIndex();
+      this.score = r.getScore();
+      this.id = r.hasId() ? r.getId() : null;
+      this.text = r.hasDocument() ? r.getDocument().getText() : null;
+      this.windows = r.getWindows();
+      this.windowStart = r.hasWindow() ? r.getWindow().getStart() : null;
+      this.windowEnd = r.hasWindow() ? r.getWindow().getEnd() : null;
     }
   }
 
@@ -33,12 +44,7 @@ public final class RerankResult {
   RerankResult(RerankResponse response) {
     List<Hit> hits = new ArrayList<>();
     for (dev.scoring.v1.RerankResult r : response.getResultsList()) {
-      hits.add(
-          new Hit(
-              r.getIndex(),
-              r.getScore(),
-              r.hasId() ? r.getId() : null,
-              r.hasDocument() ? r.getDocument().getText() : null));
+      hits.add(new Hit(r));
     }
     this.hits = Collections.unmodifiableList(hits);
     this.model = response.getModel();

@@ -118,6 +118,11 @@ public final class ScoringClient implements AutoCloseable {
     return rerank(request(query, documents, topN, model));
   }
 
+  /** With options: a model, an instruction, long documents in windows (see RerankOptions). */
+  public RerankResult rerank(String query, List<String> documents, RerankOptions options) {
+    return rerank(options.request(query, documents));
+  }
+
   /** The full request, for options the shortcuts do not cover. */
   public RerankResult rerank(RerankRequest request) {
     return new RerankResult(

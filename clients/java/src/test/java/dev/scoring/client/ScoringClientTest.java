@@ -52,7 +52,7 @@ public class ScoringClientTest {
     String python = System.getProperty("scoring.python", "python3");
     File log = new File("target/scoring-server.log");
     List<String> command = new ArrayList<>(Arrays.asList(python, "-m", "scoring_server", "--demo",
-        "--demo-models", "minilm,absa-bert,image-ranker", "--host", "127.0.0.1", "--port", String.valueOf(port)));
+        "--demo-models", "minilm,qwen3-reranker,absa-bert,image-ranker", "--host", "127.0.0.1", "--port", String.valueOf(port)));
     String demoDir = System.getProperty("scoring.demoDir");
     if (demoDir != null && !demoDir.isEmpty()) {
       command.addAll(Arrays.asList("--demo-dir", demoDir));
@@ -117,6 +117,54 @@ public class ScoringClientTest {
     RerankResult result =
         client.rerankAsync(ScoringClient.request(QUERY, DOCS, 1, null)).get(30, TimeUnit.SECONDS);
     assertEquals(1, result.hits.size());
+  }
+
+  @Test
+  public void instructionChangesQwen3ScoresAndIsRefusedWithoutASlot() {
+    RerankResult plain = client.rerank(QUERY, DOCS, RerankOptions.defaults().model("qwen3-reranker"));
+    RerankResult instructed =
+        client.rerank(
+            QUERY, DOCS, RerankOptions.defaults().model("qwen3-reranker").instruction("Find pet care advice"));
+    assertEquals(DOCS.size(), instructed.hits.size());
+    assertTrue(plain.hits.get(0).score != instructed.hits.get(0).score
+        || plain.hits.get(1).score != instructed.hits.get(1).score);
+    try {
+      client.rerank(QUERY, DOCS, RerankOptions.defaults().model("minilm").instruction("Find pet care advice"));
+      fail("minilm's prompt has no instruction slot");
+    } catch (ScoringException e) {
+      assertEquals(Status.Code.INVALID_ARGUMENT, e.code());
+      assertEquals(Collections.singletonList("instruction"), e.fields());
+    }
+  }
+
+  @Test
+  public void longDocumentsAreScoredInWindowsWithTheWinningSpan() {
+    String longDoc = String.join(" ", Collections.nCopies(300, "cats sleep on the warm sofa all day."));
+    List<String> docs = Arrays.asList(DOCS.get(0), longDoc);
+    try {
+      client.rerank(QUERY, docs, RerankOptions.defaults().model("minilm"));
+      fail("without long documents an over-long document is refused");
+    } catch (ScoringException e) {
+      assertEquals(Collections.singletonList("documents[1].text"), e.fields());
+    }
+    RerankResult result =
+        client.rerank(
+            QUERY, docs,
+            RerankOptions.defaults().model("minilm").longDocuments(128, 16, dev.scoring.v1.WindowAggregation.WINDOW_AGGREGATION_MAX));
+    RerankResult.Hit hit = result.hits.get(0).index == 1 ? result.hits.get(0) : result.hits.get(1);
+    assertTrue(hit.windows >= 2);
+    assertNotNull(hit.windowStart);
+    assertTrue(hit.windowStart < hit.windowEnd && hit.windowEnd <= longDoc.length());
+    RerankResult.Hit shortHit = result.hits.get(0).index == 0 ? result.hits.get(0) : result.hits.get(1);
+    assertEquals(1, shortHit.windows);
+    assertEquals(null, shortHit.windowStart);
+    GetInfoResponse info = client.info();
+    for (ModelInfo model : info.getModelsList()) {
+      if (model.getName().equals("qwen3-reranker")) {
+        assertTrue(model.getTakesInstruction());
+        assertTrue(model.getMaxWindowsPerCall() >= model.getMaxWindowsPerDocument());
+      }
+    }
   }
 
   @Test
