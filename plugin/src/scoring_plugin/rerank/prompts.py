@@ -317,9 +317,10 @@ class PromptBuilder:
         shape = None if request.long_documents is None else WindowShape.resolve(request.long_documents, room)
         bodies: _Bodies = []
         long: dict[int, list[int]] = {}
-        pairs = self._settings.mode is RerankMode.CROSS_ENCODER
+        capped = budget.max_document_tokens is not None
         for i, ids in enumerate(document_ids):
-            ids = budget.cap(ids)
+            if capped:
+                ids = budget.cap(ids)
             if shape is not None and len(ids) > room:
                 long[i] = ids
                 bodies.append(None)
@@ -329,7 +330,7 @@ class PromptBuilder:
                 over.append((_document_field(i, request.documents[i]), len(ids), room))
             bodies.append(body)
         if over:
-            raise budget.refuse(over, pairs=pairs)
+            raise budget.refuse(over, pairs=self._settings.mode is RerankMode.CROSS_ENCODER)
         if not long:
             return bodies, {}
         assert shape is not None
