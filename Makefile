@@ -30,4 +30,4 @@ test-fast: env
 	$(PYTEST) -m "unit or kernels or smoke" tests/unit tests/kernels tests/engine
 
 lint: env
-	PATH="$(VENV)/bin:$$PATH" proto/buf.sh lint
+	PATH="$(abspath $(VENV))/bin:$$PATH" proto/buf.sh lint

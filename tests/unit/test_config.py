@@ -190,3 +190,18 @@ def test_metrics_listen_on_loopback_when_the_grpc_port_is_protected(tmp_path: Pa
     assert chosen.served_metrics_host() == "10.1.2.3"
     args = parse_args(["--model-path", "/m", "--dtype", "float32", "--metrics-port", "9090", "--metrics-host", "::1"])
     assert settings_from_args(args).served_metrics_host() == "::1"
+
+
+def test_a_published_qwen3_reranker_is_served_as_published(tmp_path: Path) -> None:
+    """Qwen3-Reranker's checkpoints are Qwen3ForCausalLM: served as rerank models they get
+    the yes/no head by recognition, not by the deployment's hf_overrides; packed too."""
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}))
+    model = ModelSettings(name="r", path=str(tmp_path), dtype="bfloat16")
+    overrides = model.effective_hf_overrides()
+    assert overrides["architectures"] == ["Qwen3ForSequenceClassification"]
+    assert overrides["classifier_from_token"] == ["no", "yes"] and overrides["is_original_qwen3_reranker"]
+    packed = model.model_copy(update={"pack_pairs": True}).effective_hf_overrides()
+    assert packed["architectures"] == ["ScoringPackedQwen3ForSequenceClassification"]
+    own = {"architectures": ["Qwen3ForSequenceClassification"]}
+    assert ModelSettings(name="r", path=str(tmp_path), dtype="bfloat16", hf_overrides=own).conversion() is None
+    assert ModelSettings(name="a", kind="absa", path=str(tmp_path), dtype="bfloat16").conversion() is None

@@ -9,12 +9,16 @@ loads an IO processor without our server.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 from transformers import AutoTokenizer
 
 from scoring_plugin.checkpoint_fit import CheckpointMismatch, check_fit
 from scoring_server.config import ModelKind, ModelSettings
+
+
+logger = logging.getLogger(__name__)
 
 
 class UnservableModel(RuntimeError):
@@ -31,6 +35,9 @@ def check_checkpoints(models: list[ModelSettings]) -> None:
             check_fit(model.name, model.kind.value, config, _tokenizer(model))
         except CheckpointMismatch as error:
             raise UnservableModel(str(error)) from None
+        conversion = model.conversion()
+        if conversion is not None:
+            logger.info("model %s: %s", model.name, conversion.reason)
 
 
 def _tokenizer(model: ModelSettings) -> object | None:

@@ -21,6 +21,7 @@ from scoring_plugin.config_sections import DEFAULT_FULL_GRAPH_TOKENS
 from scoring_plugin.image_rank.settings import OVERRIDES_KEY as IMAGE_RANK_OVERRIDES_KEY
 from scoring_plugin.models import PACKABLE_ARCHITECTURES, TF32X3
 from scoring_plugin.rerank.settings import OVERRIDES_KEY as RERANK_OVERRIDES_KEY
+from scoring_plugin.rerank.published import Conversion, reranker_conversion
 from scoring_plugin.rerank.settings import RerankMode
 from scoring_server.security import AuthSettings, TlsSettings
 from scoring_server.tracing import TracingSettings
@@ -118,10 +119,23 @@ class ModelSettings(BaseModel):
         """What GetInfo and /metrics report: None where the model computes in no float32."""
         return self.float32_matmul_precision if self.dtype == "float32" else None
 
+    def conversion(self) -> Conversion | None:
+        """How a published checkpoint that is a reranker by use, not by architecture, is served
+        (Qwen3-Reranker's causal LM); None when served as it is, or when the deployment's own
+        `hf_overrides` name the architecture."""
+        if self.kind is not ModelKind.RERANK or "architectures" in self.hf_overrides:
+            return None
+        try:
+            config = self._checkpoint_config()
+        except (OSError, json.JSONDecodeError):
+            return None  # no readable checkpoint: refused at start by the checkpoint check
+        return reranker_conversion(config)
+
     def effective_hf_overrides(self) -> dict[str, Any]:
         """The plugin reads its settings from the HF config; the deployment's travel as overrides
         under their own key, merged over the checkpoint's by the plugin."""
-        overrides = dict(self.hf_overrides)
+        conversion = self.conversion()
+        overrides = {**(conversion.overrides if conversion else {}), **self.hf_overrides}
         if self.kind is ModelKind.RERANK:
             key, own = RERANK_OVERRIDES_KEY, {"max_documents": self.max_items_per_request}
             if self.rerank_mode is not None:
@@ -166,7 +180,12 @@ class ModelSettings(BaseModel):
         return {**self._checkpoint_config(), **self.effective_hf_overrides()}
 
     def checkpoint_architectures(self) -> list[str]:
-        architectures = self.hf_overrides.get("architectures") or self._checkpoint_config().get("architectures")
+        conversion = self.conversion()
+        architectures = (
+            self.hf_overrides.get("architectures")
+            or (conversion.overrides["architectures"] if conversion else None)
+            or self._checkpoint_config().get("architectures")
+        )
         return [str(a) for a in architectures or []]
 
     def _checkpoint_config(self) -> dict[str, Any]:

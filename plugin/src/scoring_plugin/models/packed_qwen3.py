@@ -22,7 +22,7 @@ one step: the server turns chunked prefill and prefix caching off for it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Set
+from collections.abc import Iterable, Iterator, Set
 from typing import TYPE_CHECKING
 
 import torch
@@ -45,6 +45,7 @@ from vllm.model_executor.models.qwen2 import Qwen2MLP
 from vllm.model_executor.models.utils import WeightsMapper
 from vllm.sequence import IntermediateTensors
 from vllm.tasks import PoolingTask
+from vllm.tokenizers import get_tokenizer
 from vllm.transformers_utils.config import set_default_rope_theta
 from vllm.triton_utils import HAS_TRITON
 from vllm.v1.outputs import PoolerOutput
@@ -260,7 +261,7 @@ class PackedPairScorer(Pooler):
             PackedQwen3Layer(config, f"{prefix}.layers.{i}") for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.score = ReplicatedLinear(config.hidden_size, config.num_labels, bias=False, prefix=f"{prefix}.score")
+        self.score = ReplicatedLinear(config.hidden_size, settings.num_labels, bias=False, prefix=f"{prefix}.score")
         attention = self.layers[0].self_attn
         self.attn_width = attention.attn.num_heads * attention.head_dim
         self.graphs = pooler_graphs(
@@ -322,6 +323,8 @@ class PackedQwen3ForSequenceClassification(nn.Module, IsAttentionFree):
         super().__init__()
         config: Qwen3Config = vllm_config.model_config.hf_config
         set_default_rope_theta(config, default_theta=1000000)
+        self.config = config
+        self.model_config = vllm_config.model_config
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.pooler = PackedPairScorer(config, "pooler", vllm_config, RerankSettings.from_hf_config(config))
 
@@ -342,4 +345,40 @@ class PackedQwen3ForSequenceClassification(nn.Module, IsAttentionFree):
         return self.embed_tokens(input_ids)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        tokens = getattr(self.config, "classifier_from_token", None)
+        if tokens:
+            weights = _two_token_head(weights, self._token_ids(tokens), bool(self.config.tie_word_embeddings))
         return load_all_weights(self, weights, _MAPPER)
+
+    def _token_ids(self, tokens: list[str]) -> tuple[int, int]:
+        """The ("no", "yes") ids, from the served tokenizer as vLLM's own loader takes them."""
+        if len(tokens) != 2:
+            raise ValueError(f"classifier_from_token needs two tokens (false, true), got {tokens}")
+        tokenizer = get_tokenizer(
+            self.model_config.tokenizer,
+            revision=self.model_config.tokenizer_revision,
+            tokenizer_mode=self.model_config.tokenizer_mode,
+            trust_remote_code=self.model_config.trust_remote_code,
+        )
+        false_id, true_id = (tokenizer.convert_tokens_to_ids(t) for t in tokens)
+        return false_id, true_id
+
+
+def _two_token_head(
+    weights: Iterable[tuple[str, torch.Tensor]], token_ids: tuple[int, int], tied: bool
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """A causal LM's checkpoint (Qwen3-Reranker as published) as a one-logit classifier's: its
+    LM head is not loaded; the score head is lm_head[true] - lm_head[false], in float32 before
+    the cast to the model's dtype, as vLLM's `from_2_way_softmax` loading builds it (sigmoid of
+    that logit is the softmax of the two tokens' logits). A tied head is the embedding table."""
+    false_id, true_id = token_ids
+    source = "model.embed_tokens.weight" if tied else "lm_head.weight"
+    head: torch.Tensor | None = None
+    for name, tensor in weights:
+        if name == source:
+            head = tensor[[true_id]].to(torch.float32) - tensor[[false_id]].to(torch.float32)
+        if name != "lm_head.weight":
+            yield name, tensor
+    if head is None:
+        raise ValueError(f"checkpoint lacks {source}, which classifier_from_token reads")
+    yield "score.weight", head

@@ -27,7 +27,6 @@ from scoring_server.demo.absa import build_absa_bert, build_absa_modernbert
 from scoring_server.demo.common import BUILD_MARKER, SEED, minilm_path
 from scoring_server.demo.image_rank import build_image_ranker
 from scoring_server.demo.rerank import (
-    QWEN3_ORIGINAL_OVERRIDES,
     build_bert_cross_encoder,
     build_colbert,
     build_qwen3_original_reranker,
@@ -72,12 +71,8 @@ def build_demo_models(root: Path) -> list[ModelSettings]:
         ModelSettings(name="minilm", path=str(minilm_path()), default=True, **common),
         ModelSettings(name="bert-cross-encoder", path=str(root / "bert-cross-encoder"), **common),
         ModelSettings(name="qwen3-seq-cls", path=str(root / "qwen3-seq-cls"), **common),
-        ModelSettings(
-            name="qwen3-reranker",
-            path=str(root / "qwen3-reranker"),
-            hf_overrides=QWEN3_ORIGINAL_OVERRIDES,
-            **common,
-        ),
+        # Published as Qwen3ForCausalLM, served as it is published (recognized, no overrides).
+        ModelSettings(name="qwen3-reranker", path=str(root / "qwen3-reranker"), **common),
         ModelSettings(
             name="colbert",
             path=str(root / "colbert"),

@@ -21,11 +21,6 @@ from scoring_plugin.rerank.prompts import QWEN3_SUFFIX, QWEN3_SYSTEM_PREFIX
 from scoring_server.demo.common import MAX_MODEL_LEN, bert_config, copy_bert_tokenizer, patch_config
 
 QWEN3_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-QWEN3_ORIGINAL_OVERRIDES = {
-    "architectures": ["Qwen3ForSequenceClassification"],
-    "classifier_from_token": ["no", "yes"],
-    "is_original_qwen3_reranker": True,
-}
 _CORPUS = [
     QWEN3_SYSTEM_PREFIX,
     QWEN3_SUFFIX,
