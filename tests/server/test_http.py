@@ -83,6 +83,20 @@ def test_cohere_truncates_long_documents_to_max_tokens_per_doc(http: httpx.Clien
     assert capped["meta"]["tokens"]["input_tokens"] < uncapped["meta"]["tokens"]["input_tokens"]
 
 
+def test_cohere_max_chunks_per_doc_scores_a_documents_first_windows(http: httpx.Client) -> None:
+    long = " ".join(f"paragraph {i} about cats that purr and dogs that bark" for i in range(150))
+    cohere_reply = http.post(
+        "/v1/rerank", json={"model": MODEL, "query": QUERY, "documents": [long], "max_chunks_per_doc": 2}
+    )
+    assert cohere_reply.status_code == 200, cohere_reply.text
+    ours = http.post("/scoring/v1/rerank", json={
+        "model": MODEL, "query": QUERY, "documents": [{"text": long}], "truncation": {},
+        "longDocuments": {"maxWindows": 2},
+    }).json()["results"][0]
+    assert ours["windows"] == 2
+    assert cohere_reply.json()["results"][0]["relevance_score"] == pytest.approx(ours["score"], abs=1e-6)
+
+
 def test_langchain_cohere_rerank_against_our_server(demo_server: RunningServer, client: ScoringClient) -> None:
     from langchain_cohere import CohereRerank
     from langchain_core.documents import Document
@@ -130,6 +144,8 @@ def test_tei_refuses_long_texts_unless_truncate(http: httpx.Client) -> None:
         ("/v2/rerank", {"model": MODEL, "query": QUERY, "documents": DOCUMENTS, "colour": 1}, 400, "colour"),
         ("/v1/rerank", {"model": MODEL, "query": QUERY, "documents": [{"title": "x"}]}, 400, "documents[0]"),
         ("/v2/rerank", {"model": "no-such-model", "query": QUERY, "documents": DOCUMENTS}, 404, "model"),
+        ("/v1/rerank", {"model": MODEL, "query": QUERY, "documents": DOCUMENTS, "max_chunks_per_doc": 0}, 400,
+         "max_chunks_per_doc"),
         ("/rerank", {"query": QUERY, "texts": []}, 400, "texts"),
         ("/scoring/v1/rerank", {"query": QUERY, "documents": [{"text": 3}]}, 400, "documents.text"),
         ("/scoring/v1/absa", {"pairs": [{"aspect": "", "review": REVIEW}]}, 400, "pairs[0].aspect"),

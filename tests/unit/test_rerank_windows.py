@@ -243,6 +243,18 @@ def test_window_limits_name_the_document_and_the_call(qwen3_tokenizer: PreTraine
     assert "limit of 6" in str(error.value)
 
 
+def test_max_windows_keeps_a_documents_first_windows(qwen3_tokenizer: PreTrainedTokenizerFast) -> None:
+    """Cohere's max_chunks_per_doc: the first windows only, never a refusal within the limit."""
+    whole = _qwen3_builder(qwen3_tokenizer).plan(_long(UNICODE_DOC, window_tokens=30))
+    assert len(whole.windows[0]) > 8
+    limited = _qwen3_builder(qwen3_tokenizer, max_windows_per_document=8)
+    with pytest.raises(InvalidInputError):  # beyond the per-document limit without a cap: refused
+        limited.plan(_long(UNICODE_DOC, window_tokens=30))
+    capped = limited.plan(_long(UNICODE_DOC, window_tokens=30, max_windows=2))
+    assert capped.windows[0] == whole.windows[0][:2]
+    assert len(limited.plan(_long(UNICODE_DOC, window_tokens=30, max_windows=8)).windows[0]) == 8
+
+
 def test_without_long_documents_over_long_documents_are_still_refused_or_cut(
     qwen3_tokenizer: PreTrainedTokenizerFast,
 ) -> None:

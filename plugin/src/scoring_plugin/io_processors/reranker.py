@@ -148,6 +148,8 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
                 violations.append(FieldViolation("long_documents.window_tokens", "must be at least 1 when set"))
             elif options.overlap_tokens is not None and options.overlap_tokens < 0:
                 violations.append(FieldViolation("long_documents.overlap_tokens", "must not be negative"))
+            if options.max_windows is not None and options.max_windows < 1:
+                violations.append(FieldViolation("long_documents.max_windows", "must be at least 1 when set"))
         return violations
 
     def text_chars(self, request: RerankInput) -> int:

@@ -345,9 +345,12 @@ class PromptBuilder:
         offsets = self._offsets(long, request, budget)
         ranges: dict[int, list[tuple[int, int]]] = {}
         violations: list[FieldViolation] = []
+        wanted = request.long_documents.max_windows if request.long_documents is not None else None
         for i, ids in long.items():
             cuts = character_cuts(offsets[i]) if i in offsets else None
             ranges[i] = window_ranges(len(ids), shape, cuts, settings.max_windows_per_document)
+            if wanted is not None:  # the caller's cap: the document's first windows only
+                ranges[i] = ranges[i][:wanted]
             if len(ranges[i]) > settings.max_windows_per_document:
                 violations.append(
                     FieldViolation(

@@ -49,6 +49,8 @@ class LongDocumentOptions:
     window_tokens: int | None = None
     overlap_tokens: int | None = None
     aggregation: WindowAggregation = WindowAggregation.MAX
+    # At most this many windows per document, from its start; None: as many as it needs.
+    max_windows: int | None = None
 
 
 @dataclass(slots=True)

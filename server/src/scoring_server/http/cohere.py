@@ -55,7 +55,7 @@ class CohereRerankRequest(BaseModel):
             truncation.max_document_tokens = self.max_tokens_per_doc
         request.truncation.CopyFrom(truncation)
         if self.max_chunks_per_doc is not None:
-            request.long_documents.SetInParent()
+            request.long_documents.max_windows = self.max_chunks_per_doc
         return request
 
     def _text(self, index: int, document: Document) -> str:

@@ -64,6 +64,7 @@ def _to_long_documents(request: rerank_pb2.RerankRequest) -> LongDocumentOptions
         window_tokens=options.window_tokens if options.HasField("window_tokens") else None,
         overlap_tokens=options.overlap_tokens if options.HasField("overlap_tokens") else None,
         aggregation=_AGGREGATIONS[options.aggregation],
+        max_windows=options.max_windows if options.HasField("max_windows") else None,
     )
 
 
