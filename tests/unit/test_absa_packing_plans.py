@@ -5,6 +5,7 @@ tested in `tests/engine/test_packed_absa.py`.
 
 from __future__ import annotations
 
+import logging
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from scoring_plugin.config_sections import DEFAULT_FULL_GRAPH_TOKENS
 from scoring_plugin.models import PACKED_MODERNBERT_ABSA_ARCHITECTURE
 from scoring_plugin.models.packed_attention import DevicePlan, PairAttention
 from scoring_plugin.packing import AttentionPlan
+from scoring_server.checkpoints import check_checkpoints
 from scoring_server.config import ModelKind, ModelSettings
 
 
@@ -61,9 +63,11 @@ def test_a_window_needs_bidirectional_attention() -> None:
 # ------------------------------------------------------------------------------------ settings
 
 
-def test_pack_pairs_maps_modernbert_absa_only(demo_models: dict[str, ModelSettings]) -> None:
-    """The packed architecture replaces the checkpoint's; a checkpoint with no packed twin fails
-    by name, before any engine starts."""
+def test_pack_pairs_maps_modernbert_absa_only(
+    demo_models: dict[str, ModelSettings], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The packed architecture replaces the checkpoint's; a checkpoint with no packed twin is
+    served unpacked, with the reason named at start; a kind that never packs is refused."""
     modernbert = ModelSettings(
         name="m", kind=ModelKind.ABSA, path=demo_models["absa-modernbert"].path, dtype="float32", pack_pairs=True
     )
@@ -73,8 +77,12 @@ def test_pack_pairs_maps_modernbert_absa_only(demo_models: dict[str, ModelSettin
     config = {**modernbert._checkpoint_config(), **overrides}
     assert AbsaSettings.from_hf_config(config).pooler_full_graph_tokens == DEFAULT_FULL_GRAPH_TOKENS
     bert = modernbert.model_copy(update={"path": demo_models["absa-bert"].path})
-    with pytest.raises(ValueError, match="BertForAspectSentiment"):
-        bert.effective_hf_overrides()
+    assert not bert.packs() and "BertForAspectSentiment" in (bert.unpacked_reason() or "")
+    assert "architectures" not in bert.effective_hf_overrides()  # served unpacked, as published
+    assert modernbert.packs() and modernbert.unpacked_reason() is None
+    with caplog.at_level(logging.WARNING, logger="scoring_server.checkpoints"):
+        check_checkpoints([bert, modernbert])
+    assert [r.getMessage() for r in caplog.records] == [f"model m: {bert.unpacked_reason()}"]
     with pytest.raises(ValueError, match="pack_pairs"):
         ModelSettings(
             name="i", kind=ModelKind.IMAGE_RANK, path=demo_models["image-ranker"].path, dtype="float32",

@@ -144,10 +144,11 @@ def test_float32_matmul_precision_is_explicit_pinned_and_float32_only(monkeypatc
     assert os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] == "medium"  # restored once the engine started
 
 
-def test_tf32x3_is_packed_float32_only_and_keeps_vllms_matmuls_ieee(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tf32x3_is_packed_float32_only_and_keeps_vllms_matmuls_ieee(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """3xTF32 replaces the packed models' projections only: vLLM's own matmuls stay IEEE, the
     plugin in the engine is told, and a stray variable cannot turn it on or off."""
-    flags = parse_args(["--model-path", "/t", "--dtype", "float32", "--pack-pairs",
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForSequenceClassification"]}))
+    flags = parse_args(["--model-path", str(tmp_path), "--dtype", "float32", "--pack-pairs",
                         "--float32-matmul-precision", "tf32x3"])
     (tf32x3,) = settings_from_args(flags).models
     assert tf32x3.served_matmul_precision() == "tf32x3"
@@ -158,7 +159,7 @@ def test_tf32x3_is_packed_float32_only_and_keeps_vllms_matmuls_ieee(monkeypatch:
 
     monkeypatch.setenv("VLLM_FLOAT32_MATMUL_PRECISION", "high")
     monkeypatch.setenv(FLOAT32_GEMM_VARIABLE, TF32X3)  # stray: must not reach an IEEE model
-    strict = ModelSettings(name="s", path="/s", dtype="float32", pack_pairs=True)
+    strict = ModelSettings(name="s", path=str(tmp_path), dtype="float32", pack_pairs=True)
     for settings, precision, gemm in ((tf32x3, "highest", TF32X3), (strict, "highest", "cublas")):
         with engine_environment(environment(settings)):
             assert os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] == precision

@@ -38,6 +38,9 @@ def check_checkpoints(models: list[ModelSettings]) -> None:
         conversion = model.conversion()
         if conversion is not None:
             logger.info("model %s: %s", model.name, conversion.reason)
+        unpacked = model.unpacked_reason()
+        if unpacked is not None:
+            logger.warning("model %s: %s", model.name, unpacked)
 
 
 def _tokenizer(model: ModelSettings) -> object | None:

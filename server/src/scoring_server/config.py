@@ -148,24 +148,33 @@ class ModelSettings(BaseModel):
             key, own = ABSA_OVERRIDES_KEY, {"max_pairs": self.max_items_per_request}
         else:
             key, own = IMAGE_RANK_OVERRIDES_KEY, {"max_images": self.max_items_per_request}
-        if self.pack_pairs:
-            overrides["architectures"] = [self.packed_architecture()]
+        packed = self.packed_architecture() if self.pack_pairs else None
+        if packed is not None:
+            overrides["architectures"] = [packed]
             own["max_pair_tokens"] = self.max_pair_tokens()
             own["pooler_graphs"] = self.pack_graphs
             own["pooler_full_graph_tokens"] = self.pack_full_graph_tokens
         overrides[key] = {**(overrides.get(key) or {}), **own}
         return overrides
 
-    def packed_architecture(self) -> str:
-        """The plugin architecture that serves this checkpoint packed."""
+    def packed_architecture(self) -> str | None:
+        """The plugin architecture that serves this checkpoint packed; None when it has none."""
         packable = PACKABLE_ARCHITECTURES.get(self.kind.value, {})
-        architectures = self.checkpoint_architectures()
-        for architecture in architectures:
-            if architecture in packable:
-                return packable[architecture]
-        raise ValueError(
-            f"model {self.name!r}: pack_pairs for {self.kind.value} needs one of {sorted(packable)}, "
-            f"the checkpoint is {architectures}"
+        return next((packable[a] for a in self.checkpoint_architectures() if a in packable), None)
+
+    def packs(self) -> bool:
+        """Whether this model is served packed: asked for, and its architecture has a packed
+        twin. One that has none is served unpacked (`unpacked_reason` says why, at start)."""
+        return self.pack_pairs and self.packed_architecture() is not None
+
+    def unpacked_reason(self) -> str | None:
+        """Why a model that asked for packing is served unpacked, or None."""
+        if not self.pack_pairs or self.packs():
+            return None
+        packable = sorted(PACKABLE_ARCHITECTURES.get(self.kind.value, {}))
+        return (
+            f"pack_pairs: the checkpoint is {self.checkpoint_architectures()}, and {self.kind.value} packs "
+            f"{packable} only; served unpacked (one engine request per pair)"
         )
 
     def max_pair_tokens(self) -> int:

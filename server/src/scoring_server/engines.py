@@ -160,7 +160,7 @@ def _packed_engine_args(settings: ModelSettings) -> dict[str, object]:
     keeps no KV cache to resume from, and a prefix-cache hit would skip its tokens. Eager mode:
     the compiled forward would be an embedding lookup only, while eager mode turns vLLM's fused
     kernels (RMSNorm, rotary, SiLU) on for the transformer that runs in the pooler. (A checkpoint
-    that cannot be packed fails by name in `effective_hf_overrides`, before any engine starts.)"""
+    that cannot be packed is served unpacked; `ModelSettings.unpacked_reason` says why, at start.)"""
     batched = int(settings.engine_args.get("max_num_batched_tokens") or settings.pack_tokens)
     return {
         "max_model_len": settings.pack_tokens,
@@ -194,10 +194,10 @@ def engine_args(settings: ModelSettings, frontends: int = 1, frontend: int = 0) 
     args: dict[str, object] = {
         "max_model_len": settings.max_model_len,
         **_KIND_ENGINE_ARGS.get(settings.kind, {}),
-        **(_PACKED_DEFAULT_ARGS if settings.pack_pairs else {}),
+        **(_PACKED_DEFAULT_ARGS if settings.packs() else {}),
         **settings.engine_args,
     }
-    if settings.pack_pairs:  # required, so they win over the deployment's engine_args
+    if settings.packs():  # required, so they win over the deployment's engine_args
         args.update(_packed_engine_args(settings))
     built = AsyncEngineArgs(
         model=settings.path,
@@ -218,7 +218,7 @@ def environment(settings: ModelSettings) -> dict[str, str]:
     engine's own processes). The fp32 matmul precision is always set: a stray variable in the
     server's environment must not change what a float32 model computes. With "tf32x3" the plugin
     replaces the projections' GEMMs and every other matmul stays IEEE."""
-    base = _PACKED_ENVIRONMENT if settings.pack_pairs else _KIND_ENVIRONMENT.get(settings.kind, {})
+    base = _PACKED_ENVIRONMENT if settings.packs() else _KIND_ENVIRONMENT.get(settings.kind, {})
     tf32x3 = settings.float32_matmul_precision == TF32X3
     return {
         **base,
