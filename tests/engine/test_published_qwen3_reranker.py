@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from scoring_plugin.io_processors.reranker import RerankerIOProcessor
+from scoring_plugin.reference.rerank import reference_for
 from scoring_plugin.models import PACKED_QWEN3_ARCHITECTURE
 from scoring_plugin.rerank.settings import QWEN3_DEFAULT_INSTRUCTION
 from scoring_plugin.rerank.types import RerankDocumentInput, RerankInput
@@ -57,6 +59,10 @@ def _scores(engine: InProcessEngine, documents: list[str]) -> tuple[int, list[fl
 def test_a_published_causal_checkpoint_is_recognized(settings: ModelSettings) -> None:
     conversion = settings.conversion()
     assert conversion is not None and "P('yes')" in conversion.reason
+    # scoring-parity's reference recognizes it as the server does
+    official = official_scorer(settings.path, causal=True)
+    expected = [official(QWEN3_DEFAULT_INSTRUCTION, QUERY, d) for d in DOCUMENTS[:3]]
+    assert reference_for(Path(settings.path))(QUERY, DOCUMENTS[:3], True) == pytest.approx(expected, abs=1e-4)
     overrides = settings.effective_hf_overrides()
     assert overrides["architectures"] == [PACKED_QWEN3_ARCHITECTURE]
     assert overrides["classifier_from_token"] == ["no", "yes"]

@@ -123,13 +123,13 @@ class ModelSettings(BaseModel):
         """How a published checkpoint that is a reranker by use, not by architecture, is served
         (Qwen3-Reranker's causal LM); None when served as it is, or when the deployment's own
         `hf_overrides` name the architecture."""
-        if self.kind is not ModelKind.RERANK or "architectures" in self.hf_overrides:
+        if self.kind is not ModelKind.RERANK:
             return None
         try:
             config = self._checkpoint_config()
         except (OSError, json.JSONDecodeError):
             return None  # no readable checkpoint: refused at start by the checkpoint check
-        return reranker_conversion(config)
+        return reranker_conversion(config, self.hf_overrides)
 
     def effective_hf_overrides(self) -> dict[str, Any]:
         """The plugin reads its settings from the HF config; the deployment's travel as overrides

@@ -24,6 +24,7 @@ from transformers import (
 
 from scoring_plugin.reference.colbert import ColBERTReference
 from scoring_plugin.rerank.prompts import QWEN3_SUFFIX, QWEN3_SYSTEM_PREFIX
+from scoring_plugin.rerank.published import reranker_conversion
 from scoring_plugin.config_sections import as_dict
 from scoring_plugin.rerank.settings import (
     QWEN3_DEFAULT_INSTRUCTION,
@@ -184,9 +185,13 @@ def reference_for(
     path: Path, hf_overrides: dict[str, object] | None = None, truncation: TruncationOptions | None = None
 ) -> Scorer:
     """The reference for a checkpoint as served with `hf_overrides` (the same settings the
-    reranker IO processor derives). `truncation`: cut over-long input as requests carrying it
+    reranker IO processor derives; a published checkpoint recognized as the server recognizes
+    it). `truncation`: cut over-long input as requests carrying it
     are cut, `max_tokens` resolved to the served limit (the same tokens kept)."""
-    raw = {**as_dict(AutoConfig.from_pretrained(path)), **(hf_overrides or {})}
+    config = as_dict(AutoConfig.from_pretrained(path))
+    overrides = dict(hf_overrides or {})
+    conversion = reranker_conversion(config, overrides)
+    raw = {**config, **(conversion.overrides if conversion else {}), **overrides}
     settings = RerankSettings.from_hf_config(raw)
     if settings.mode is RerankMode.BI_ENCODER:
         return bi_encoder(path, truncation)

@@ -27,8 +27,11 @@ class Conversion:
     reason: str
 
 
-def reranker_conversion(config: dict[str, Any]) -> Conversion | None:
-    """The conversion a rerank checkpoint needs, or None when it is served as it is."""
+def reranker_conversion(config: dict[str, Any], hf_overrides: dict[str, Any]) -> Conversion | None:
+    """The conversion a rerank checkpoint needs, or None when it is served as it is, or when
+    the deployment's `hf_overrides` name the architecture themselves (recognition off)."""
+    if "architectures" in hf_overrides:
+        return None
     if [str(a) for a in config.get("architectures") or []] == ["Qwen3ForCausalLM"]:
         return Conversion(
             QWEN3_RERANKER_OVERRIDES,
