@@ -3,6 +3,9 @@
 # (`../shared/gpu/README.md` stages vLLM first). Results and logs land in $OUT.
 #   sh bench/h200_rerank.sh systems   # HF, vllm serve /rerank, vllm serve /pooling + plugin and
 #                                     # ours in one run (~7 min): docs/performance.md's rerank table
+#   sh bench/h200_rerank.sh published # the same shape as Qwen3-Reranker is published (Qwen3ForCausalLM):
+#                                     # ours (recognized, packed) and vllm serve /rerank (with the
+#                                     # hf_overrides vLLM prescribes), c=1/16/64 and one document (~5 min)
 #   sh bench/h200_rerank.sh check     # parity bf16 of the packed path against the fp32 HF
 #                                     # reference, and the HF reference's own bf16 orderings (~3.5 min)
 #   sh bench/h200_rerank.sh fp32-parity  # float32 with 3xTF32 projections against IEEE float32 and
@@ -51,6 +54,10 @@ check)
 systems)
     python3 rerank.py --systems hf,grpc,vllm,plugin --seconds-per-level 8 --docs-sweep 1 --work /tmp/bw \
         --out "$OUT" 2>&1 | tail -40
+    ;;
+published)
+    python3 rerank.py --published --systems grpc,vllm --seconds-per-level 8 --docs-sweep 1 --work /tmp/bw \
+        --out "$OUT/published" 2>&1 | tail -30
     ;;
 variants)
     python3 rerank.py --systems grpc --grpc-engine-args '{"async_scheduling": true}' --work /tmp/bw \

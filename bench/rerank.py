@@ -104,6 +104,9 @@ class Scenario:
     server_site: str | None = None
     # Our server's `float32_matmul_precision` (None: its default, IEEE; "tf32x3": `grpc-tf32x3`).
     float32_matmul_precision: str | None = None
+    # The checkpoint as Qwen3-Reranker is published (`--published`): a Qwen3ForCausalLM scored by
+    # P("yes") against "no"; our server recognizes it, `vllm serve` needs its hf_overrides.
+    published: bool = False
 
 
 GPU = Scenario("qwen3-0.6b-shaped", "bfloat16", 1024, 28, 16, 8, 128, 3072, 20, [1, 16, 64], 15.0, False, 0.5, 128)
@@ -111,16 +114,18 @@ CPU_SMOKE = Scenario("qwen3-tiny", "float32", 64, 2, 2, 1, 32, 128, 4, [1, 2], 2
 
 
 def build_model(scenario: Scenario, target: Path) -> Path:
-    """A Qwen3ForSequenceClassification with random weights and a real BPE tokenizer."""
+    """A Qwen3ForSequenceClassification with random weights and a real BPE tokenizer; with
+    `scenario.published`, the same shape as a Qwen3ForCausalLM whose vocabulary holds "yes" and
+    "no" (Qwen3-Reranker as published)."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForSequenceClassification
+    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3ForSequenceClassification
 
     from scoring_server.demo import build_qwen3_tokenizer
 
     if (target / "config.json").exists():
         return target
     target.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_qwen3_tokenizer(target, extra_corpus=[" ".join(WORDS)] * 8)
+    tokenizer = build_qwen3_tokenizer(target, extra_corpus=[" ".join((*WORDS, "yes", "no"))] * 8)
     config = Qwen3Config(
         vocab_size=151669,  # the real model's embedding size; rows past the tokenizer go unused
         hidden_size=scenario.hidden_size,
@@ -137,7 +142,8 @@ def build_model(scenario: Scenario, target: Path) -> Path:
         scoring_rerank={"template": "tokenizer_pair"},
     )
     torch.manual_seed(0)
-    model = Qwen3ForSequenceClassification(config).to(getattr(torch, scenario.dtype))
+    architecture = Qwen3ForCausalLM if scenario.published else Qwen3ForSequenceClassification
+    model = architecture(config).to(getattr(torch, scenario.dtype))
     model.save_pretrained(target)
     return target
 
@@ -257,6 +263,10 @@ async def bench_vllm_serve(model: Path, scenario: Scenario, requests, work: Path
                                  "--gpu-memory-utilization", str(scenario.gpu_memory_utilization))
     if plugin:
         command += ["--io-processor-plugin", "reranker"]
+    if scenario.published:  # what vLLM's docs tell users to pass for Qwen3-Reranker
+        from scoring_plugin.rerank.published import QWEN3_RERANKER_OVERRIDES
+
+        command += ["--hf-overrides", json.dumps(QWEN3_RERANKER_OVERRIDES)]
     if scenario.enforce_eager:
         command.append("--enforce-eager")
     if scenario is CPU_SMOKE:
@@ -345,6 +355,8 @@ async def main_async(args: argparse.Namespace) -> Report:
     scenario.concurrency = args.concurrency or scenario.concurrency
     scenario.docs_per_request = args.docs or scenario.docs_per_request
     scenario.dtype = args.dtype or scenario.dtype
+    if args.published:
+        scenario.published, scenario.name = True, scenario.name.replace("qwen3", "qwen3-reranker-published")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     model = build_model(scenario, work / f"model-{scenario.name}")
@@ -405,6 +417,8 @@ def main() -> None:
     parser.add_argument("--docs-sweep", type=int_list, default=[], help="e.g. 1,5,40: c=1 at these document counts")
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--no-pack", action="store_true", help="our server without pair packing")
+    parser.add_argument("--published", action="store_true",
+                        help="the checkpoint as Qwen3-Reranker is published (Qwen3ForCausalLM, yes/no); not with hf")
     parser.add_argument("--pack-tokens", type=int, help="tokens per packed engine request")
     parser.add_argument("--full-graph-tokens", type=int,
                         help="our server's pack_full_graph_tokens (default: the server's)")
@@ -413,6 +427,8 @@ def main() -> None:
     args = parser.parse_args()
     if "grpc-base" in args.systems.split(",") and not args.base_site:
         parser.error("grpc-base needs --base-site")
+    if args.published and "hf" in args.systems.split(","):
+        parser.error("--published: the HF system runs the sequence classifier; leave hf out")
     report = asyncio.run(main_async(args))
     stem = f"rerank-{report.scenario['name']}-{report.scenario['dtype']}"
     write_results(Path(args.out), stem, report, table(report))

@@ -91,6 +91,22 @@ def test_rerank_bench_cpu_smoke(tmp_path: Path) -> None:
     assert (out / report_file.name.replace(".json", ".png")).stat().st_size > 10_000
 
 
+def test_rerank_bench_serves_qwen3_reranker_as_published(tmp_path: Path) -> None:
+    """--published: the same shape as a Qwen3ForCausalLM; ours recognizes it (packed), vllm serve
+    gets the hf_overrides vLLM's docs prescribe; both answer every call."""
+    out = tmp_path / "results"
+    done = _bench("rerank.py", "--cpu-smoke", "--published", "--systems", "grpc,vllm", "--concurrency", "1",
+                  "--out", str(out), "--work", str(tmp_path / "work"), "--docs", "3")
+    (report_file,) = out.glob("*.json")
+    report = json.loads(report_file.read_text())
+    model = tmp_path / "work" / f"model-{report['scenario']['name']}"
+    assert json.loads((model / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
+    assert {level["system"] for level in report["levels"]} == {"grpc (ours)", "vllm serve /rerank"}
+    assert all(level["errors"] == 0 and level["requests"] > 0 for level in report["levels"])
+    assert "Qwen3ForCausalLM served as a reranker" in (tmp_path / "work" / "grpc-server.log").read_text()
+    assert "| grpc (ours) | 3 | 1 |" in done.stdout
+
+
 def test_reference_dtype_check_cpu_smoke(tmp_path: Path) -> None:
     """The reference run in bf16 against itself in fp32 on the rerank check's inputs: the
     report counts orderings and the widest swapped gap, which can never exceed twice the
