@@ -14,7 +14,7 @@ import pytest
 import torch
 from support.triton import run_interpreted
 
-from scoring_plugin.models import FLOAT32_GEMM_VARIABLE, TF32X3, kernel_choice
+from scoring_plugin.models import TF32X3, kernel_choice
 from scoring_plugin.models import tf32x3_gemm
 from scoring_plugin.models.tf32x3_gemm import (
     ACCURACY_TOLERANCE,
@@ -202,20 +202,16 @@ def test_the_gemm_follows_its_plan_and_takes_cublas_for_other_inputs(monkeypatch
     assert served == []
 
 
-def test_only_an_engine_asked_for_it_on_cuda_chooses(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_only_a_model_set_for_it_on_cuda_chooses(monkeypatch: pytest.MonkeyPatch) -> None:
     chosen: list[int] = []
     monkeypatch.setattr(tf32x3_gemm, "choose_tf32x3", lambda layers, max_tokens: chosen.append(max_tokens))
     monkeypatch.setattr(kernel_choice.torch.cuda, "is_available", lambda: True)
-    monkeypatch.delenv(FLOAT32_GEMM_VARIABLE, raising=False)
-    kernel_choice.choose_float32_gemms([], 8192)
-    monkeypatch.setenv(FLOAT32_GEMM_VARIABLE, "cublas")
-    kernel_choice.choose_float32_gemms([], 8192)
+    kernel_choice.choose_float32_gemms([], 8192, "cublas")
     assert chosen == []
-    monkeypatch.setenv(FLOAT32_GEMM_VARIABLE, TF32X3)
-    kernel_choice.choose_float32_gemms([], 8192)
+    kernel_choice.choose_float32_gemms([], 8192, TF32X3)
     assert chosen == [8192]
     monkeypatch.setattr(kernel_choice.torch.cuda, "is_available", lambda: False)
-    kernel_choice.choose_float32_gemms([], 8192)
+    kernel_choice.choose_float32_gemms([], 8192, TF32X3)
     assert chosen == [8192]
 
 

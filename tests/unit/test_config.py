@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from scoring_plugin.models import FLOAT32_GEMM_VARIABLE, TF32X3
+from scoring_plugin.models import TF32X3
+from scoring_plugin.rerank.settings import RerankSettings
 from scoring_server.cli import parse_args, settings_from_args
 from scoring_server.config import FLOAT32_MATMUL_PRECISIONS, ModelSettings, ServerSettings
 from scoring_server.engines import engine_environment, environment
@@ -157,13 +158,15 @@ def test_tf32x3_is_packed_float32_only_and_keeps_vllms_matmuls_ieee(monkeypatch:
     with pytest.raises(ValidationError, match="float32 only"):
         ModelSettings(name="b", path="/b", dtype="bfloat16", pack_pairs=True, float32_matmul_precision="tf32x3")
 
-    monkeypatch.setenv("VLLM_FLOAT32_MATMUL_PRECISION", "high")
-    monkeypatch.setenv(FLOAT32_GEMM_VARIABLE, TF32X3)  # stray: must not reach an IEEE model
+    monkeypatch.setenv("VLLM_FLOAT32_MATMUL_PRECISION", "high")  # stray: must not reach a model
     strict = ModelSettings(name="s", path=str(tmp_path), dtype="float32", pack_pairs=True)
     for settings, precision, gemm in ((tf32x3, "highest", TF32X3), (strict, "highest", "cublas")):
         with engine_environment(environment(settings)):
             assert os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] == precision
-            assert os.environ[FLOAT32_GEMM_VARIABLE] == gemm
+        # the plugin hears of it through the model's config section, not the environment
+        section = settings.effective_hf_overrides()["scoring_rerank_overrides"]
+        assert RerankSettings.from_hf_config({**json.loads((tmp_path / "config.json").read_text()),
+                                              "scoring_rerank_overrides": section}).pooler_float32_gemm == gemm
 
 
 def test_every_matmul_precision_is_reported_by_getinfo_as_its_own_value() -> None:

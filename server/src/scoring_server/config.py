@@ -154,6 +154,7 @@ class ModelSettings(BaseModel):
             own["max_pair_tokens"] = self.max_pair_tokens()
             own["pooler_graphs"] = self.pack_graphs
             own["pooler_full_graph_tokens"] = self.pack_full_graph_tokens
+            own["pooler_float32_gemm"] = TF32X3 if self.float32_matmul_precision == TF32X3 else "cublas"
         overrides[key] = {**(overrides.get(key) or {}), **own}
         return overrides
 

@@ -24,7 +24,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from scoring_plugin.io_processors.absa import AbsaIOProcessor
 from scoring_plugin.io_processors.image_ranker import ImageRankerIOProcessor
 from scoring_plugin.io_processors.reranker import RerankerIOProcessor
-from scoring_plugin.models import FLOAT32_GEMM_VARIABLE, TF32X3
+from scoring_plugin.models import TF32X3
 from scoring_server.admission import Admission
 from scoring_server.config import ModelKind, ModelSettings
 
@@ -215,16 +215,13 @@ def engine_args(settings: ModelSettings, frontends: int = 1, frontend: int = 0) 
 
 def environment(settings: ModelSettings) -> dict[str, str]:
     """The environment variables an engine for these settings needs (vLLM reads them in the
-    engine's own processes). The fp32 matmul precision is always set: a stray variable in the
-    server's environment must not change what a float32 model computes. With "tf32x3" the plugin
-    replaces the projections' GEMMs and every other matmul stays IEEE."""
+    engine's own processes: vLLM's settings that exist only as variables). The fp32 matmul
+    precision is always set: a stray variable in the server's environment must not change what a
+    float32 model computes. With "tf32x3" the plugin replaces the projections' GEMMs (told through
+    the model's config section, `pooler_float32_gemm`) and every other matmul stays IEEE."""
     base = _PACKED_ENVIRONMENT if settings.packs() else _KIND_ENVIRONMENT.get(settings.kind, {})
     tf32x3 = settings.float32_matmul_precision == TF32X3
-    return {
-        **base,
-        "VLLM_FLOAT32_MATMUL_PRECISION": "highest" if tf32x3 else settings.float32_matmul_precision,
-        FLOAT32_GEMM_VARIABLE: TF32X3 if tf32x3 else "cublas",
-    }
+    return {**base, "VLLM_FLOAT32_MATMUL_PRECISION": "highest" if tf32x3 else settings.float32_matmul_precision}
 
 
 def _start(model: ServedModel) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 from scoring_plugin.config_sections import (
     DEFAULT_FULL_GRAPH_TOKENS,
     as_dict,
+    float32_gemm,
     full_graph_tokens,
     overrides_key,
     read_section,
@@ -42,6 +43,8 @@ class AbsaSettings:
     pooler_graphs: bool = True
     # With pooler_graphs: steps up to this many tokens replay whole, attention included (0: off).
     pooler_full_graph_tokens: int = DEFAULT_FULL_GRAPH_TOKENS
+    # A packed float32 model's projection GEMMs (config_sections.FLOAT32_GEMMS).
+    pooler_float32_gemm: str = "cublas"
 
     @classmethod
     def from_hf_config(cls, hf_config: Any) -> AbsaSettings:
@@ -60,7 +63,8 @@ class AbsaSettings:
                  if k in own}
         settings = cls(
             labels=labels, thresholds=dict(own.get("thresholds") or {}),
-            pooler_full_graph_tokens=full_graph_tokens(own, CONFIG_KEY), **known,
+            pooler_full_graph_tokens=full_graph_tokens(own, CONFIG_KEY),
+            pooler_float32_gemm=float32_gemm(own, CONFIG_KEY), **known,
         )
         settings.check()
         return settings

@@ -19,11 +19,8 @@ PACKABLE_ARCHITECTURES = {
 }
 ABSA_ARCHITECTURES = (ABSA_BERT_ARCHITECTURE, ABSA_MODERNBERT_ARCHITECTURE)
 IMAGE_RANK_ARCHITECTURE = "ClipImageRanker"
-# Set by the server for a model's engine processes (the packed models' kernel choices run
-# there): TF32X3 lets float32 projections run as 3xTF32 Triton GEMMs where they time faster
-# (scoring_plugin.models.tf32x3_gemm); anything else keeps cuBLAS's GEMM at vLLM's
-# VLLM_FLOAT32_MATMUL_PRECISION.
-FLOAT32_GEMM_VARIABLE = "SCORING_FLOAT32_GEMM"
+# `float32_matmul_precision` that makes a packed model's float32 projections 3xTF32 Triton GEMMs
+# (its section's `pooler_float32_gemm`: scoring_plugin.config_sections).
 TF32X3 = "tf32x3"
 _MODELS = {
     PAIR_BERT_ARCHITECTURE: "scoring_plugin.models.pair_bert:PairAwareBertForSequenceClassification",

@@ -7,7 +7,6 @@ wrong; which projections a path may replace; and the plans that keep one choice 
 from __future__ import annotations
 
 import bisect
-import os
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
@@ -19,7 +18,7 @@ from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 from vllm.model_executor.layers.utils import default_unquantized_gemm
 
-from scoring_plugin.models import FLOAT32_GEMM_VARIABLE, TF32X3
+from scoring_plugin.models import TF32X3
 
 T = TypeVar("T")
 K = TypeVar("K")
@@ -122,11 +121,11 @@ def planned(plan: Sequence[tuple[int, T]], rows: int) -> T:
     return plan[index][1]
 
 
-def choose_float32_gemms(layers: Sequence[nn.Module], max_tokens: int) -> None:
+def choose_float32_gemms(layers: Sequence[nn.Module], max_tokens: int, gemm: str) -> None:
     """At a packed model's first step, before its other kernel choices (a projection given a
     3xTF32 GEMM is no plain GEMM for the fusions that would read its weight): the 3xTF32 plans
-    where this engine was asked for them, on CUDA."""
-    if os.environ.get(FLOAT32_GEMM_VARIABLE) != TF32X3 or not torch.cuda.is_available():
+    where the model's settings ask for them (`pooler_float32_gemm`), on CUDA."""
+    if gemm != TF32X3 or not torch.cuda.is_available():
         return
     from scoring_plugin.models.tf32x3_gemm import choose_tf32x3  # Triton: CUDA paths only
 

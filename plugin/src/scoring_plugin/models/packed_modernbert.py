@@ -190,6 +190,7 @@ class PackedAbsaPooler(Pooler):
             settings.pooler_graphs, settings.pooler_full_graph_tokens,
         )
         self.max_tokens = vllm_config.scheduler_config.max_num_batched_tokens
+        self.float32_gemm = settings.pooler_float32_gemm
         self._fusions_chosen = False
 
     def get_supported_tasks(self) -> Set[PoolingTask]:
@@ -202,7 +203,7 @@ class PackedAbsaPooler(Pooler):
         if any(layout[0] for layout in layouts):
             raise ValueError("packed ABSA requests have no shared head: every segment is a whole pair")
         if not self._fusions_chosen:  # the first step: vLLM's profiling run, before any capture
-            choose_float32_gemms(list(self.layers), self.max_tokens)
+            choose_float32_gemms(list(self.layers), self.max_tokens, self.float32_gemm)
             choose_mlp_fusions(list(self.layers), self.max_tokens)
             self._fusions_chosen = True
         # Anything past the scheduled tokens is padding: never part of a result.

@@ -269,6 +269,7 @@ class PackedPairScorer(Pooler):
             settings.pooler_graphs, settings.pooler_full_graph_tokens, self.scores_only,
         )
         self.max_tokens = vllm_config.scheduler_config.max_num_batched_tokens
+        self.float32_gemm = settings.pooler_float32_gemm
         self._kernels_chosen = False
 
     def get_supported_tasks(self) -> Set[PoolingTask]:
@@ -287,7 +288,7 @@ class PackedPairScorer(Pooler):
 
     def _choose_kernels(self) -> None:
         """Once, at the first step (vLLM's profiling run: weights loaded, before any capture)."""
-        choose_float32_gemms(list(self.layers), self.max_tokens)
+        choose_float32_gemms(list(self.layers), self.max_tokens, self.float32_gemm)
         choose_mlp_fusions(list(self.layers), self.max_tokens)
         differences = [layer.self_attn.use_fused_norm_rope() for layer in self.layers]
         probed = [d for d in differences if d is not None]

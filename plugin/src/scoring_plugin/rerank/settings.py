@@ -11,6 +11,7 @@ from typing import Any
 from scoring_plugin.config_sections import (
     DEFAULT_FULL_GRAPH_TOKENS,
     as_dict,
+    float32_gemm,
     full_graph_tokens,
     overrides_key,
     read_section,
@@ -84,6 +85,8 @@ class RerankSettings:
     pooler_graphs: bool = True
     # With pooler_graphs: steps up to this many tokens replay whole, attention included (0: off).
     pooler_full_graph_tokens: int = DEFAULT_FULL_GRAPH_TOKENS
+    # A packed float32 model's projection GEMMs (config_sections.FLOAT32_GEMMS).
+    pooler_float32_gemm: str = "cublas"
     # Cross-encoders: the classifier's labels and the one whose logit is the score.
     num_labels: int = 1
     score_label: int = 0
@@ -133,6 +136,7 @@ class RerankSettings:
             max_pair_tokens=None if max_pair_tokens is None else int(max_pair_tokens),
             pooler_graphs=bool(own.get("pooler_graphs", True)),
             pooler_full_graph_tokens=full_graph_tokens(own, CONFIG_KEY),
+            pooler_float32_gemm=float32_gemm(own, CONFIG_KEY),
             num_labels=num_labels,
             score_label=label,
             score_label_name=names[label] if cross_encoder else "",
