@@ -9,9 +9,10 @@ import time
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 
-from support.servers import RunningServer, start_server, stop_server
+from support.servers import RunningServer, free_port, start_server, stop_server
 from scoring.v1 import rerank_pb2, rerank_pb2_grpc
 from scoring_client import ScoringClient, ScoringError
 
@@ -117,6 +118,53 @@ def test_not_serving_until_ready_and_sigterm_drains_in_flight_calls(tmp_path: Pa
         assert server.process.wait(60) == 0, server.log_tail()
     finally:
         stop_server(server)
+
+
+def test_http_health_is_503_with_retry_after_until_the_model_is_ready(tmp_path: Path) -> None:
+    """The HTTP door opens with the gRPC port, before any engine: /health answers 503 (with
+    Retry-After) while the model loads, a scoring call 503 too, then 200."""
+    from scoring_server.demo import minilm_path
+
+    http_port = free_port()
+    seen: list[tuple[int, str | None]] = []
+    loading_call: list[int] = []
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            try:
+                reply = httpx.get(f"http://127.0.0.1:{http_port}/health", timeout=2)
+            except httpx.HTTPError:
+                time.sleep(0.05)
+                continue
+            if not seen or seen[-1][0] != reply.status_code:
+                seen.append((reply.status_code, reply.headers.get("retry-after")))
+            if reply.status_code == 503 and not loading_call:
+                body = {"query": "cats", "texts": ["cats purr"]}
+                loading_call.append(httpx.post(f"http://127.0.0.1:{http_port}/rerank", json=body, timeout=5).status_code)
+            time.sleep(0.05)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        server = start_server(
+            ["--model-path", str(minilm_path()), "--model-name", "minilm", "--dtype", "float32",
+             "--http-port", str(http_port)],
+            tmp_path / "http.log",
+            wait_service="scoring.v1.RerankService",
+        )
+        try:
+            deadline = time.monotonic() + 10
+            while (not seen or seen[-1][0] != 200) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            done.set()
+            poller.join()
+            assert stop_server(server) == 0, server.log_tail()
+    finally:
+        done.set()
+    assert seen[0] == (503, "1") and seen[-1][0] == 200, seen
+    assert loading_call == [503]
 
 
 def test_the_startup_heap_is_frozen_once_the_models_are_up() -> None:
