@@ -10,8 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import httpx
 import psutil
 import pytest
+from google.protobuf import json_format
 
 from support.metrics import metric_samples, metric_value, scrape
 from support.servers import DEMO_DIR, RunningServer, free_port, start_server, stop_server
@@ -41,6 +43,7 @@ def _start(log: Path, *extra: str) -> RunningServer:
          "--metrics-port", str(metrics_port), "--drain-grace-s", "2", *extra],
         log,
         metrics_port=metrics_port,
+        http=True,
     )
 
 
@@ -111,6 +114,23 @@ def test_calls_reach_every_frontend_and_match_a_lone_server(shared: RunningServe
         for mine, theirs in zip(reply.results, lone.results):
             for a, b in zip(mine.probabilities, theirs.probabilities):
                 assert a.label == b.label and a.probability == pytest.approx(b.probability, abs=1e-6)
+
+
+def test_every_frontend_serves_the_http_port(shared: RunningServer) -> None:
+    """Each front-end opens the HTTP port too (SO_REUSEPORT): new connections spread over them."""
+    body = json_format.MessageToDict(REQUEST)
+    replies = []
+    for _ in range(CHANNELS):
+        with httpx.Client(base_url=shared.http_base, timeout=60) as http:  # a connection each
+            replies.append(http.post("/scoring/v1/absa", json=body))
+    assert all(r.status_code == 200 for r in replies), [r.text for r in replies if r.status_code != 200]
+    labels = {tuple(r["label"] for r in reply.json()["results"]) for reply in replies}
+    assert len(labels) == 1
+    listening = {
+        p.pid for p in psutil.Process(shared.process.pid).children(recursive=True)
+        for c in p.net_connections("tcp") if c.laddr and c.laddr.port == shared.http_port and c.status == "LISTEN"
+    }
+    assert len(listening) == FRONTENDS
 
 
 def test_metrics_gather_every_frontend(shared: RunningServer) -> None:
