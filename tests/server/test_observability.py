@@ -153,10 +153,10 @@ def test_the_log_line_is_written_after_the_handler_has_returned(caplog: pytest.L
     """The line waits for the loop's next turn: after the handler returns, gRPC sends the reply
     before its task yields, so no caller waits for its own log line. It is still written, once,
     whole; and not even built where the access log is off."""
-    from scoring_server.telemetry import _recording
+    from scoring_server.telemetry import _grpc_recording
 
     async def call() -> tuple[list[str], list[str]]:
-        with _recording("/scoring.v1.RerankService/Rerank", _Context()):  # type: ignore[arg-type]
+        with _grpc_recording("/scoring.v1.RerankService/Rerank", _Context()):  # type: ignore[arg-type]
             pass
         inline = _access_lines(caplog)
         await asyncio.sleep(0)
