@@ -1,8 +1,9 @@
 """Rerank benchmark: our gRPC server vs stock `vllm serve` (/rerank, and /pooling with our plugin)
 vs Hugging Face, one run.
 
-Same model (Qwen3-0.6B-shaped sequence classifier, random weights: speed does not depend on
-weight values), same generated inputs (queries of 3-8 terms, documents of 20-110 terms, 20
+Same model (Qwen3-0.6B-shaped sequence classifier by default; `--family bert` an ms-marco
+MiniLM-L-12-shaped BERT cross-encoder, `--family xlmr` a bge-reranker-v2-m3-shaped XLM-R large
+one; random weights: speed does not depend on weight values), same generated inputs (queries of 3-8 terms, documents of 20-110 terms, 20
 documents per request), same dtype, same GPU. The bench tokenizer knows every word as one
 token and a term is two words, so a pair is ~150 tokens as with a real tokenizer on real text;
 the table reports the tokens each system says it served, to show equal work. Load is closed-loop: C workers each send their
@@ -10,6 +11,7 @@ next request when the last one returns, for a fixed time per concurrency level.
 
     python bench/rerank.py --out bench/results            # GPU (the H200 via the device tool)
     python bench/rerank.py --cpu-smoke --out /tmp/bench   # CPU: a tiny model, harness check only
+    python bench/rerank.py --family bert --systems hf,grpc,vllm   # another packed family's shape
     python bench/rerank.py --systems grpc,grpc-base --base-site DIR   # ours against another build
                                                           # (pip install --target DIR of its wheels)
     python bench/rerank.py --systems grpc,grpc-base --base-site DIR --ab-rounds 3
@@ -107,24 +109,98 @@ class Scenario:
     # The checkpoint as Qwen3-Reranker is published (`--published`): a Qwen3ForCausalLM scored by
     # P("yes") against "no"; our server recognizes it, `vllm serve` needs its hf_overrides.
     published: bool = False
+    # The model family (FAMILIES): which architecture and tokenizer build_model makes.
+    family: str = "qwen3"
+    # The CPU harness check: small KV cache for `vllm serve`.
+    smoke: bool = False
 
 
 GPU = Scenario("qwen3-0.6b-shaped", "bfloat16", 1024, 28, 16, 8, 128, 3072, 20, [1, 16, 64], 15.0, False, 0.5, 128)
-CPU_SMOKE = Scenario("qwen3-tiny", "float32", 64, 2, 2, 1, 32, 128, 4, [1, 2], 2.0, True, 0.05, 8, True, 2048)
+CPU_SMOKE = Scenario("qwen3-tiny", "float32", 64, 2, 2, 1, 32, 128, 4, [1, 2], 2.0, True, 0.05, 8, True, 2048, smoke=True)
+# Per family, (GPU shape, CPU harness check): the shapes issue 37 measures each packed family at.
+FAMILIES = {
+    "qwen3": (GPU, CPU_SMOKE),
+    "bert": (
+        Scenario("ms-marco-minilm-l12-shaped", "bfloat16", 384, 12, 12, 12, 32, 1536, 20, [1, 16, 64], 15.0, False,
+                 0.5, 128, family="bert"),
+        Scenario("bert-tiny", "float32", 64, 2, 2, 2, 32, 128, 4, [1, 2], 2.0, True, 0.05, 8, True, 2048,
+                 family="bert", smoke=True),
+    ),
+    "xlmr": (
+        Scenario("bge-reranker-v2-m3-shaped", "bfloat16", 1024, 24, 16, 16, 64, 4096, 20, [1, 16, 64], 15.0, False,
+                 0.5, 128, family="xlmr"),
+        Scenario("xlmr-tiny", "float32", 64, 2, 2, 2, 32, 128, 4, [1, 2], 2.0, True, 0.05, 8, True, 2048,
+                 family="xlmr", smoke=True),
+    ),
+}
 
 
 def build_model(scenario: Scenario, target: Path) -> Path:
-    """A Qwen3ForSequenceClassification with random weights and a real BPE tokenizer; with
-    `scenario.published`, the same shape as a Qwen3ForCausalLM whose vocabulary holds "yes" and
-    "no" (Qwen3-Reranker as published)."""
+    """The scenario's family's cross-encoder with random weights and a real tokenizer that knows
+    every bench word as one token."""
+    if (target / "config.json").exists():
+        return target
+    target.mkdir(parents=True, exist_ok=True)
+    {"qwen3": _build_qwen3, "bert": _build_bert, "xlmr": _build_xlmr}[scenario.family](scenario, target)
+    return target
+
+
+def _build_bert(scenario: Scenario, target: Path) -> None:
+    """A BertForSequenceClassification (ms-marco MiniLM's architecture: token types, absolute
+    positions) with a WordPiece tokenizer."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    vocab = target / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *sorted(set(WORDS))]) + "\n")
+    BertTokenizerFast(vocab_file=str(vocab), model_max_length=512).save_pretrained(target)
+    config = BertConfig(
+        vocab_size=30522, hidden_size=scenario.hidden_size, num_hidden_layers=scenario.layers,
+        num_attention_heads=scenario.heads, intermediate_size=scenario.intermediate,
+        max_position_embeddings=512, num_labels=1, pad_token_id=0, sep_token_id=3,
+    )
+    torch.manual_seed(0)
+    BertForSequenceClassification(config).to(getattr(torch, scenario.dtype)).save_pretrained(target)
+
+
+def _build_xlmr(scenario: Scenario, target: Path) -> None:
+    """An XLMRobertaForSequenceClassification (bge-reranker's architecture: positions after the
+    padding index, <s> A </s></s> B </s>) with a SentencePiece-style Unigram tokenizer."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast, XLMRobertaConfig, XLMRobertaForSequenceClassification
+
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    trainer = trainers.UnigramTrainer(vocab_size=len(WORDS) * 2 + 40, special_tokens=specials, unk_token="<unk>")
+    tokenizer.train_from_iterator([" ".join(WORDS)] * 64, trainer=trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
+    )
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", sep_token="</s>", cls_token="<s>",
+        unk_token="<unk>", pad_token="<pad>", mask_token="<mask>", model_max_length=512,
+    ).save_pretrained(target)
+    config = XLMRobertaConfig(
+        vocab_size=250002, hidden_size=scenario.hidden_size, num_hidden_layers=scenario.layers,
+        num_attention_heads=scenario.heads, intermediate_size=scenario.intermediate,
+        max_position_embeddings=8194, type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2, num_labels=1,
+    )
+    torch.manual_seed(0)
+    XLMRobertaForSequenceClassification(config).to(getattr(torch, scenario.dtype)).save_pretrained(target)
+
+
+def _build_qwen3(scenario: Scenario, target: Path) -> None:
+    """A Qwen3ForSequenceClassification with a real BPE tokenizer; with `scenario.published`,
+    the same shape as a Qwen3ForCausalLM whose vocabulary holds "yes" and "no" (Qwen3-Reranker
+    as published)."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3ForSequenceClassification
 
     from scoring_server.demo import build_qwen3_tokenizer
 
-    if (target / "config.json").exists():
-        return target
-    target.mkdir(parents=True, exist_ok=True)
     tokenizer = build_qwen3_tokenizer(target, extra_corpus=[" ".join((*WORDS, "yes", "no"))] * 8)
     config = Qwen3Config(
         vocab_size=151669,  # the real model's embedding size; rows past the tokenizer go unused
@@ -145,7 +221,6 @@ def build_model(scenario: Scenario, target: Path) -> Path:
     architecture = Qwen3ForCausalLM if scenario.published else Qwen3ForSequenceClassification
     model = architecture(config).to(getattr(torch, scenario.dtype))
     model.save_pretrained(target)
-    return target
 
 
 def make_requests(n: int, docs: int, seed: int = 0) -> list[tuple[str, list[str]]]:
@@ -269,7 +344,7 @@ async def bench_vllm_serve(model: Path, scenario: Scenario, requests, work: Path
         command += ["--hf-overrides", json.dumps(QWEN3_RERANKER_OVERRIDES)]
     if scenario.enforce_eager:
         command.append("--enforce-eager")
-    if scenario is CPU_SMOKE:
+    if scenario.smoke:
         command += ["--kv-cache-memory-bytes", str(64 * 1024 * 1024)]
     system = "vllm serve /pooling + plugin" if plugin else "vllm serve /rerank"
     log_path = work / ("vllm-serve-plugin.log" if plugin else "vllm-serve.log")
@@ -310,11 +385,11 @@ async def bench_vllm_serve(model: Path, scenario: Scenario, requests, work: Path
 def bench_hf(model: Path, scenario: Scenario, requests) -> float:  # type: ignore[no-untyped-def]
     """Transformers at its best: sorted by length (dynamic padding), large batches, no_grad."""
     import torch
-    from transformers import AutoTokenizer, Qwen3ForSequenceClassification
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = AutoTokenizer.from_pretrained(model)
-    net = Qwen3ForSequenceClassification.from_pretrained(model, dtype=getattr(torch, scenario.dtype)).to(device).eval()
+    net = AutoModelForSequenceClassification.from_pretrained(model, dtype=getattr(torch, scenario.dtype)).to(device).eval()
     pairs = sorted(((q, d) for q, docs in requests for d in docs), key=lambda p: len(p[0]) + len(p[1]))
 
     def forward(chunk: Sequence[tuple[str, str]]) -> None:
@@ -346,7 +421,8 @@ def table(report: Report) -> str:
 
 
 async def main_async(args: argparse.Namespace) -> Report:
-    scenario = CPU_SMOKE if args.cpu_smoke else GPU
+    gpu, smoke = FAMILIES[args.family]
+    scenario = replace(smoke if args.cpu_smoke else gpu)
     scenario.pack_pairs = not args.no_pack
     scenario.seconds_per_level = args.seconds_per_level or scenario.seconds_per_level
     scenario.pack_tokens = args.pack_tokens or scenario.pack_tokens
@@ -400,6 +476,8 @@ async def main_async(args: argparse.Namespace) -> Report:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu-smoke", action="store_true")
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="qwen3",
+                        help="the model's architecture and shape (each GPU shape a published checkpoint's)")
     parser.add_argument("--systems", default="hf,grpc,vllm,plugin",
                         help="of hf,grpc,grpc-base,grpc-eager,grpc-piecewise,grpc-threads,vllm,plugin; "
                              "with --dtype float32 also grpc-tf32x3 (float32_matmul_precision tf32x3)")
@@ -427,6 +505,8 @@ def main() -> None:
     args = parser.parse_args()
     if "grpc-base" in args.systems.split(",") and not args.base_site:
         parser.error("grpc-base needs --base-site")
+    if args.published and args.family != "qwen3":
+        parser.error("--published applies to the qwen3 family")
     if args.published and "hf" in args.systems.split(","):
         parser.error("--published: the HF system runs the sequence classifier; leave hf out")
     report = asyncio.run(main_async(args))

@@ -1,5 +1,5 @@
 """Packed ABSA on a real engine: every pair of a call in one engine request, on the packed
-ModernBERT (scoring_plugin.models.packed_modernbert).
+ModernBERT (scoring_plugin.packed.families.modernbert).
 
 ONE packed engine, in process, on the demo ModernBERT ABSA checkpoint (local window of 16
 tokens, shorter than most pairs, so the windowed layers matter): packing changes how pairs
@@ -18,7 +18,7 @@ from scoring_plugin.absa.types import AbsaInput, AbsaOutput, AbsaPairInput
 from scoring_plugin.errors import InvalidInputError
 from scoring_plugin.io_processors.absa import AbsaIOProcessor
 from scoring_plugin.io_processors.engine_request import EngineRequest
-from scoring_plugin.packing import LAYOUT_KEY
+from scoring_plugin.packed.plan import LAYOUT_KEY
 from scoring_plugin.reference.absa import AbsaReference
 from scoring_server.config import ModelKind, ModelSettings
 from scoring_server.demo.absa import sample_absa_pairs

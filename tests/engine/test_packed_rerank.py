@@ -17,7 +17,7 @@ import pytest
 from scoring_plugin.errors import InvalidInputError
 from scoring_plugin.io_processors.engine_request import EngineRequest
 from scoring_plugin.io_processors.reranker import RerankerIOProcessor
-from scoring_plugin.packing import LAYOUT_KEY
+from scoring_plugin.packed.plan import LAYOUT_KEY
 from scoring_plugin.reference.rerank import Scorer, reference_for
 from scoring_plugin.rerank.types import (
     LongDocumentOptions,

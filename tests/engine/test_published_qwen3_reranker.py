@@ -13,7 +13,7 @@ import pytest
 
 from scoring_plugin.io_processors.reranker import RerankerIOProcessor
 from scoring_plugin.reference.rerank import reference_for
-from scoring_plugin.models import PACKED_QWEN3_ARCHITECTURE
+from scoring_plugin.packed.families.registry import QWEN3
 from scoring_plugin.rerank.settings import QWEN3_DEFAULT_INSTRUCTION
 from scoring_plugin.rerank.types import RerankDocumentInput, RerankInput
 from scoring_server.config import ModelSettings
@@ -64,7 +64,7 @@ def test_a_published_causal_checkpoint_is_recognized(settings: ModelSettings) ->
     expected = [official(QWEN3_DEFAULT_INSTRUCTION, QUERY, d) for d in DOCUMENTS[:3]]
     assert reference_for(Path(settings.path))(QUERY, DOCUMENTS[:3], True) == pytest.approx(expected, abs=1e-4)
     overrides = settings.effective_hf_overrides()
-    assert overrides["architectures"] == [PACKED_QWEN3_ARCHITECTURE]
+    assert overrides["architectures"] == [QWEN3.architecture]
     assert overrides["classifier_from_token"] == ["no", "yes"]
 
 

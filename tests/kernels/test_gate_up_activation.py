@@ -1,4 +1,4 @@
-"""The fused gate/up + activation GEMM (:mod:`scoring_plugin.models.gate_up_activation`) against
+"""The fused gate/up + activation GEMM (:mod:`scoring_plugin.packed.gate_up_activation`) against
 the definition, ``act(x @ gate.T) * (x @ up.T)`` in fp32 for SiLU and both GELUs, on this
 machine's CPU through Triton's interpreter (`tests/support/triton.py`); the per-size plan a layer
 follows; and, on a GPU, against cuBLAS + vLLM's ``silu_and_mul`` / ``gelu_and_mul`` at Qwen3-0.6B's
@@ -33,7 +33,7 @@ def _check() -> dict[str, float]:
     """Max |kernel - reference| per (dtype, tile, rows) for SiLU and per (dtype, activation, rows)
     for the GELUs, on rows at a stride wider than the hidden size (a slice of a wider buffer),
     and whether the plan's unfused sizes returned None."""
-    from scoring_plugin.models.gate_up_activation import GateUpActivation, Tile, gate_up_activation
+    from scoring_plugin.packed.gate_up_activation import GateUpActivation, Tile, gate_up_activation
 
     generator = torch.Generator().manual_seed(0)
     tiles = (Tile(32, 32, 32, 4, 1, group_m=2), Tile(16, 32, 64, 4, 1, group_m=1))
@@ -82,7 +82,7 @@ def test_the_plan_leaves_the_sizes_it_did_not_choose_unfused(differences: dict[s
 
 def test_a_tile_must_divide_the_weight() -> None:
     pytest.importorskip("triton")
-    from scoring_plugin.models.gate_up_activation import Tile, gate_up_activation
+    from scoring_plugin.packed.gate_up_activation import Tile, gate_up_activation
 
     with pytest.raises(ValueError, match="does not divide the weight"):
         gate_up_activation(torch.zeros(4, 64), torch.zeros(2 * 96, 64), "silu", Tile(32, 64, 32, 4, 1))
@@ -103,7 +103,7 @@ def test_bf16_on_the_gpu_matches_cublas_and_vllms_activation(activation: str, hi
     last place of the largest value (the unfused path rounds the projections too; run17: 0.0625
     at values up to ~10, one unit in the last place of 8-16)."""
     import vllm._custom_ops  # noqa: F401  (registers torch.ops._C)
-    from scoring_plugin.models.gate_up_activation import CANDIDATES, choose_tiles, gate_up_activation
+    from scoring_plugin.packed.gate_up_activation import CANDIDATES, choose_tiles, gate_up_activation
 
     weight = (torch.randn(2 * intermediate, hidden, device="cuda") / hidden**0.5).to(torch.bfloat16)
     x = torch.randn(2710, hidden, device="cuda", dtype=torch.bfloat16)

@@ -1,4 +1,4 @@
-"""The fusions around the MLP (:mod:`scoring_plugin.models.mlp_fusions`) as the packed Qwen3 and
+"""The fusions around the MLP (:mod:`scoring_plugin.packed.mlp_fusions`) as the packed Qwen3 and
 ModernBERT layers wire them: a layer's output with its projections added into the residual inside
 the GEMM, and with the fused gate/up kernel (Triton's interpreter, on this machine's CPU), equals
 its unfused output; and on the CPU the start-up choice leaves every layer unfused.
@@ -28,8 +28,8 @@ def _layers(hidden: int, heads: int, intermediate: int, device: str, dtype: torc
     layers use torch's own GEMM (what vLLM's CPU backend picks for weights it does not repack)."""
     from transformers import ModernBertConfig, Qwen3Config
 
-    from scoring_plugin.models.packed_modernbert import PackedModernBertLayer
-    from scoring_plugin.models.packed_qwen3 import PackedQwen3Layer
+    from scoring_plugin.packed.families.modernbert import PackedModernBertLayer
+    from scoring_plugin.packed.families.qwen3 import PackedQwen3Layer
 
     qwen3 = Qwen3Config(hidden_size=hidden, intermediate_size=intermediate, num_attention_heads=heads,
                         num_key_value_heads=heads // 2, head_dim=hidden // heads, num_hidden_layers=2,
@@ -77,8 +77,8 @@ def _relative(got: torch.Tensor, expected: torch.Tensor) -> float:
 def _check() -> dict[str, object]:
     from vllm.config import VllmConfig, set_current_vllm_config
 
-    from scoring_plugin.models.gate_up_activation import GateUpActivation, Tile
-    from scoring_plugin.models.mlp_fusions import RESIDUAL_UNFUSED, activation_name, choose_mlp_fusions
+    from scoring_plugin.packed.gate_up_activation import GateUpActivation, Tile
+    from scoring_plugin.packed.mlp_fusions import RESIDUAL_UNFUSED, activation_name, choose_mlp_fusions
 
     result: dict[str, object] = {}
     with set_current_vllm_config(VllmConfig()):
@@ -148,7 +148,7 @@ def _check_gpu() -> dict[str, object]:
     took for two layers of each model, and their output against both fusions turned off."""
     from vllm.config import VllmConfig, set_current_vllm_config
 
-    from scoring_plugin.models.mlp_fusions import RESIDUAL_UNFUSED, choose_mlp_fusions
+    from scoring_plugin.packed.mlp_fusions import RESIDUAL_UNFUSED, choose_mlp_fusions
 
     result: dict[str, object] = {}
     with set_current_vllm_config(VllmConfig()):
@@ -184,7 +184,7 @@ class _UntimeableLayer:
 
 
 def test_timing_that_fails_leaves_every_layer_unfused(caplog: pytest.LogCaptureFixture) -> None:
-    from scoring_plugin.models.mlp_fusions import RESIDUAL_UNFUSED, choose_mlp_fusions
+    from scoring_plugin.packed.mlp_fusions import RESIDUAL_UNFUSED, choose_mlp_fusions
 
     layers = [_UntimeableLayer(), _UntimeableLayer()]
     choose_mlp_fusions(layers, max_tokens=1024)
@@ -220,7 +220,7 @@ def _scripted(faster_at: set[int], difference: float = 0.0):
 def test_the_residual_fusion_is_chosen_per_step_size(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each timed size keeps its own winner (H200, Qwen3-0.6B: lost at 512 tokens, won 11% at
     16,384); every layer takes the first one's plan."""
-    from scoring_plugin.models import mlp_fusions
+    from scoring_plugin.packed import mlp_fusions
 
     monkeypatch.setattr(mlp_fusions, "time_and_probe", _scripted({4096, 16384}))
     layers = [_TimedLayer(), _TimedLayer()]
@@ -230,7 +230,7 @@ def test_the_residual_fusion_is_chosen_per_step_size(monkeypatch: pytest.MonkeyP
 
 
 def test_a_probe_that_differs_keeps_the_residual_unfused_at_every_size(monkeypatch: pytest.MonkeyPatch) -> None:
-    from scoring_plugin.models import mlp_fusions
+    from scoring_plugin.packed import mlp_fusions
 
     monkeypatch.setattr(mlp_fusions, "time_and_probe", _scripted({256, 1024, 2048}, difference=0.5))
     layer = _TimedLayer()

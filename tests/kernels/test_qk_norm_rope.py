@@ -1,4 +1,4 @@
-"""The Triton per-head norm + rotary kernel (:mod:`scoring_plugin.models.qk_norm_rope`), applied to
+"""The Triton per-head norm + rotary kernel (:mod:`scoring_plugin.packed.qk_norm_rope`), applied to
 Q and to K in turn, against the definition: RMSNorm per head in fp32, then vLLM's own neox rotary
 (``RotaryEmbedding.forward_static`` with its cache), on this machine's CPU through Triton's
 interpreter (`tests/support/triton.py`).
@@ -43,7 +43,7 @@ def _reference(qkv: torch.Tensor, positions: torch.Tensor, q_weight: torch.Tenso
 def apply_qk(qkv: torch.Tensor, positions: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
              cos_sin: torch.Tensor, q_heads: int, k_heads: int, eps: float) -> None:
     """The kernel on Q's columns of a fused projection, then on K's."""
-    from scoring_plugin.models.qk_norm_rope import NormRope
+    from scoring_plugin.packed.qk_norm_rope import NormRope
 
     head_dim = q_weight.shape[0]
     q_size, k_size = q_heads * head_dim, k_heads * head_dim
@@ -96,7 +96,7 @@ def test_values_and_the_rest_of_the_row_are_untouched(differences: dict[str, flo
 
 def test_columns_must_be_contiguous() -> None:
     pytest.importorskip("triton")
-    from scoring_plugin.models.qk_norm_rope import NormRope
+    from scoring_plugin.packed.qk_norm_rope import NormRope
 
     with pytest.raises(ValueError, match="rows' columns must be contiguous"):
         NormRope(torch.ones(4), torch.zeros(8, 4), 1, 1e-6).apply(torch.zeros(64, 8).t(), torch.zeros(8, dtype=torch.long))
@@ -106,7 +106,7 @@ def test_columns_must_be_contiguous() -> None:
 
 def test_head_dim_must_be_a_power_of_two() -> None:
     pytest.importorskip("triton")
-    from scoring_plugin.models.qk_norm_rope import NormRope
+    from scoring_plugin.packed.qk_norm_rope import NormRope
 
     with pytest.raises(ValueError, match="head_dim 24"):
         NormRope(torch.ones(24), torch.zeros(8, 24), 2, 1e-6)
@@ -115,7 +115,7 @@ def test_head_dim_must_be_a_power_of_two() -> None:
 def test_a_program_takes_about_256_head_rows() -> None:
     """K alone (Qwen3-0.6B: 8 heads) at 32 rows, Q alone (16) at 16, as the H200 bench chose."""
     pytest.importorskip("triton")
-    from scoring_plugin.models.qk_norm_rope import rows_per_program
+    from scoring_plugin.packed.qk_norm_rope import rows_per_program
 
     assert [rows_per_program(h) for h in (1, 8, 16, 24, 64)] == [64, 32, 16, 16, 8]
 

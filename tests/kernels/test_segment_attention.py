@@ -1,4 +1,4 @@
-"""The Triton segment kernel (:mod:`scoring_plugin.models.segment_attention`) against the padded
+"""The Triton segment kernel (:mod:`scoring_plugin.packed.segment_attention`) against the padded
 SDPA path, on this machine's CPU through Triton's interpreter.
 
 The checks run in a child process under the interpreter (`tests/support/triton.py`). fp32 and
@@ -27,7 +27,7 @@ LAYOUTS = [
 def _tilings() -> dict[str, object]:
     """The launch shapes checked: small tiles (several per group), the served one (None: two heads
     per program, end-aligned blocks), and other bench-tried variants."""
-    from scoring_plugin.models.segment_attention import Tiling
+    from scoring_plugin.packed.segment_attention import Tiling
 
     return {
         "16x16": Tiling(block_m=16, block_n=16, heads_per_program=1, end_aligned=False),
@@ -41,9 +41,9 @@ def _tilings() -> dict[str, object]:
 def _check() -> dict[str, float]:
     """Max |kernel - reference| per (dtype, layout, tiling), on q/k/v cut from one fused
     projection (row strides wider than their rows, as the layers hand them over)."""
-    from scoring_plugin.models.packed_attention import DevicePlan, PairAttention
-    from scoring_plugin.models.segment_attention import segment_attention
-    from scoring_plugin.packing import AttentionPlan
+    from scoring_plugin.packed.attention import DevicePlan, PairAttention
+    from scoring_plugin.packed.segment_attention import segment_attention
+    from scoring_plugin.packed.plan import AttentionPlan
 
     heads, kv_heads, head_dim = 4, 2, 24  # grouped queries; a head size that is no power of two
     cpu = torch.device("cpu")
@@ -74,10 +74,10 @@ def _check() -> dict[str, float]:
 def _check_norm_rope(tilings: dict[str, object]) -> dict[str, float]:
     """The kernel given Q before its RMSNorm + rotary (applied as it loads Q) against the padded
     path on Q normalised and rotated in fp32 beforehand; and whether Q was left as it was."""
-    from scoring_plugin.models.packed_attention import DevicePlan, PairAttention
-    from scoring_plugin.models.qk_norm_rope import NormRope
-    from scoring_plugin.models.segment_attention import segment_attention
-    from scoring_plugin.packing import AttentionPlan
+    from scoring_plugin.packed.attention import DevicePlan, PairAttention
+    from scoring_plugin.packed.qk_norm_rope import NormRope
+    from scoring_plugin.packed.segment_attention import segment_attention
+    from scoring_plugin.packed.plan import AttentionPlan
     from kernels.test_qk_norm_rope import vllm_rope
 
     heads, kv_heads, head_dim = 4, 2, 32  # the rotary needs a power-of-two head size
@@ -146,7 +146,7 @@ def test_heads_per_program_must_share_a_kv_head() -> None:
     """Stacked heads read one KV head's keys: a count that does not divide the query heads per
     KV head would mix two."""
     pytest.importorskip("triton")
-    from scoring_plugin.models.segment_attention import Tiling, segment_attention
+    from scoring_plugin.packed.segment_attention import Tiling, segment_attention
 
     q, kv = torch.zeros(4, 6 * 8), torch.zeros(4, 2 * 8)
     index = torch.zeros(2, dtype=torch.int32)
@@ -158,7 +158,7 @@ def test_served_tiling_stacks_heads_only_where_they_pair() -> None:
     """Two query heads per program where a KV head has an even number of them (Qwen3-0.6B: 2),
     one where odd (plain multi-head attention: 1), so no model is refused."""
     pytest.importorskip("triton")
-    from scoring_plugin.models.segment_attention import Tiling
+    from scoring_plugin.packed.segment_attention import Tiling
 
     assert Tiling.served(2).heads_per_program == 2 and Tiling.served(4).heads_per_program == 2
     assert Tiling.served(1).heads_per_program == 1 and Tiling.served(3).heads_per_program == 1
@@ -168,7 +168,7 @@ def test_served_tiling_stacks_heads_only_where_they_pair() -> None:
 def test_columns_must_be_contiguous() -> None:
     """A transposed view would be read as the wrong elements: refused before launch."""
     pytest.importorskip("triton")
-    from scoring_plugin.models.segment_attention import segment_attention
+    from scoring_plugin.packed.segment_attention import segment_attention
 
     q = torch.zeros(8, 4).t()
     index = torch.zeros(2, dtype=torch.int32)
@@ -180,9 +180,9 @@ def test_columns_must_be_contiguous() -> None:
 def test_bf16_on_the_gpu_matches_the_gather_path() -> None:
     """The compiled kernel in bf16, every tiling the bench tries, against the path it replaced
     (gathered keys; flash-attention where it runs): within bf16 rounding of values of size ~1."""
-    from scoring_plugin.models.packed_attention import DevicePlan, PairAttention
-    from scoring_plugin.models.segment_attention import Tiling, segment_attention
-    from scoring_plugin.packing import AttentionPlan
+    from scoring_plugin.packed.attention import DevicePlan, PairAttention
+    from scoring_plugin.packed.segment_attention import Tiling, segment_attention
+    from scoring_plugin.packed.plan import AttentionPlan
 
     device = torch.device("cuda")
     heads, kv_heads, head_dim = 16, 8, 128
@@ -208,10 +208,10 @@ def test_bf16_on_the_gpu_normalises_and_rotates_q_as_it_loads() -> None:
     """The served kernel given Q before its norm + rotary, against the in-place kernel on Q
     first and then the served kernel (the flash-attention path's order), at Qwen3-0.6B's heads:
     within bf16 rounding, Q left as it was."""
-    from scoring_plugin.models.packed_attention import DevicePlan
-    from scoring_plugin.models.qk_norm_rope import NormRope
-    from scoring_plugin.models.segment_attention import segment_attention
-    from scoring_plugin.packing import AttentionPlan
+    from scoring_plugin.packed.attention import DevicePlan
+    from scoring_plugin.packed.qk_norm_rope import NormRope
+    from scoring_plugin.packed.segment_attention import segment_attention
+    from scoring_plugin.packed.plan import AttentionPlan
     from kernels.test_qk_norm_rope import vllm_rope
 
     device = torch.device("cuda")

@@ -1,4 +1,4 @@
-"""3xTF32 GEMMs for float32 projections (:mod:`scoring_plugin.models.tf32x3_gemm`): the kernel's
+"""3xTF32 GEMMs for float32 projections (:mod:`scoring_plugin.packed.tf32x3_gemm`): the kernel's
 product (Triton's interpreter, on this machine's CPU, multiplies in plain fp32) equals torch's,
 the plan per step size follows the timings with the margin, a tile whose probe strays from cuBLAS
 is refused, and a projection given a plan serves through vLLM's own linear method (in a child
@@ -14,9 +14,10 @@ import pytest
 import torch
 from support.triton import run_interpreted
 
-from scoring_plugin.models import TF32X3, kernel_choice
-from scoring_plugin.models import tf32x3_gemm
-from scoring_plugin.models.tf32x3_gemm import (
+from scoring_plugin.models import TF32X3
+from scoring_plugin.packed import kernel_choice
+from scoring_plugin.packed import tf32x3_gemm
+from scoring_plugin.packed.tf32x3_gemm import (
     ACCURACY_TOLERANCE,
     CANDIDATES,
     Tf32x3Gemm,

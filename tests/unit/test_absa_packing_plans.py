@@ -13,9 +13,9 @@ import torch.nn.functional as F
 
 from scoring_plugin.absa.settings import OVERRIDES_KEY, AbsaSettings
 from scoring_plugin.config_sections import DEFAULT_FULL_GRAPH_TOKENS
-from scoring_plugin.models import PACKED_MODERNBERT_ABSA_ARCHITECTURE
-from scoring_plugin.models.packed_attention import DevicePlan, PairAttention
-from scoring_plugin.packing import AttentionPlan
+from scoring_plugin.packed.families.registry import MODERNBERT_ABSA
+from scoring_plugin.packed.attention import DevicePlan, PairAttention
+from scoring_plugin.packed.plan import AttentionPlan
 from scoring_server.checkpoints import check_checkpoints
 from scoring_server.config import ModelKind, ModelSettings
 
@@ -38,7 +38,7 @@ def test_bidirectional_pair_attention_equals_each_pair_alone(
     lengths: list[int], window: int | None, budget: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if budget is not None:
-        monkeypatch.setattr("scoring_plugin.models.packed_attention.PADDED_SCORES_BUDGET", budget)
+        monkeypatch.setattr("scoring_plugin.packed.attention.PADDED_SCORES_BUDGET", budget)
     torch.manual_seed(0)
     heads, dim = 2, 8
     tokens = sum(lengths)
@@ -72,7 +72,7 @@ def test_pack_pairs_maps_modernbert_absa_only(
         name="m", kind=ModelKind.ABSA, path=demo_models["absa-modernbert"].path, dtype="float32", pack_pairs=True
     )
     overrides = modernbert.effective_hf_overrides()
-    assert overrides["architectures"] == [PACKED_MODERNBERT_ABSA_ARCHITECTURE]
+    assert overrides["architectures"] == [MODERNBERT_ABSA.architecture]
     assert overrides[OVERRIDES_KEY]["pooler_graphs"] is True
     config = {**modernbert._checkpoint_config(), **overrides}
     assert AbsaSettings.from_hf_config(config).pooler_full_graph_tokens == DEFAULT_FULL_GRAPH_TOKENS

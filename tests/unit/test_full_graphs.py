@@ -1,4 +1,4 @@
-"""Whole-step pooler graphs (scoring_plugin.models.full_graphs): what a captured graph reads.
+"""Whole-step pooler graphs (scoring_plugin.packed.full_graphs): what a captured graph reads.
 
 Capture and replay need CUDA; the H200 runs them (each bucket is probed against the eager layers
 at capture, and bench/rerank_check.py and the ABSA parity run score single pairs through them).
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from scoring_plugin.models.full_graphs import StaticInputs, group_capacity, key_capacity, probe_layouts
-from scoring_plugin.models.packed_attention import DevicePlan, PairAttention, staged, to_device, views
-from scoring_plugin.packing import AttentionPlan
+from scoring_plugin.packed.full_graphs import StaticInputs, group_capacity, key_capacity, probe_layouts
+from scoring_plugin.packed.attention import DevicePlan, PairAttention, staged, to_device, views
+from scoring_plugin.packed.plan import AttentionPlan
 
 CPU = torch.device("cpu")
 HEADS, KV_HEADS, DIM, HIDDEN = 4, 2, 8, 16

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scoring_plugin.models.kernel_choice import planned, probe_sizes
+from scoring_plugin.packed.kernel_choice import planned, probe_sizes
 
 
 def test_probe_sizes_cover_small_calls_up_to_the_step_limit() -> None:
@@ -34,7 +34,7 @@ def test_a_one_entry_plan_decides_every_size() -> None:
 
 
 def test_a_candidate_wins_only_by_the_margin() -> None:
-    from scoring_plugin.models.kernel_choice import clear_winner
+    from scoring_plugin.packed.kernel_choice import clear_winner
 
     assert clear_winner({"a": 0.90, "b": 0.95}, 1.0) == "a"
     assert clear_winner({"a": 0.98}, 1.0) is None  # inside 3%: timing noise, not a win

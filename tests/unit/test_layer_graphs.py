@@ -1,5 +1,5 @@
 """A decoder stack run for its score rows alone (``scores_only`` / ``rows`` of
-:mod:`scoring_plugin.models.layer_graphs`): the last layer's output projection and MLP on those
+:mod:`scoring_plugin.packed.layer_graphs`): the last layer's output projection and MLP on those
 rows give what the whole stack gives there. Toy layers on the CPU, the real attention plan and
 pair attention; the captured runners (CUDA) are probed against this eager path at capture, and
 the engine-level parity tests run the scorer through it."""
@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import torch
 
-from scoring_plugin.models.full_graphs import StaticInputs, group_capacity
-from scoring_plugin.models.layer_graphs import run_eager, run_layers
-from scoring_plugin.models.packed_attention import DevicePlan, PairAttention
-from scoring_plugin.packing import AttentionPlan
+from scoring_plugin.packed.full_graphs import StaticInputs, group_capacity
+from scoring_plugin.packed.layer_graphs import run_eager, run_layers
+from scoring_plugin.packed.attention import DevicePlan, PairAttention
+from scoring_plugin.packed.plan import AttentionPlan
 
 HEADS, KV_HEADS, DIM, HIDDEN = 4, 2, 8, 16
 CPU = torch.device("cpu")
 
 
 class ToyLayer:
-    """A :class:`~scoring_plugin.models.layer_graphs.SplitLayer` with a residual stream and
+    """A :class:`~scoring_plugin.packed.layer_graphs.SplitLayer` with a residual stream and
     row-wise work on either side of pair attention."""
 
     def __init__(self, generator: torch.Generator) -> None:

@@ -1,4 +1,4 @@
-"""Packing plans without an engine (scoring_plugin.packing): the arithmetic that keeps the pairs
+"""Packing plans without an engine (scoring_plugin.packed.plan): the arithmetic that keeps the pairs
 of one engine request apart (layouts, positions, key ranges, pair attention on the CPU), and the
 packed settings as they reach the plugin and vLLM. The packed engine itself is tested in
 `tests/engine/test_packed_rerank.py`.
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from scoring_plugin.models.packed_attention import DevicePlan, PairAttention
-from scoring_plugin.packing import LAYOUT_KEY, AttentionPlan, layout_of, pack
+from scoring_plugin.packed.attention import DevicePlan, PairAttention
+from scoring_plugin.packed.plan import LAYOUT_KEY, AttentionPlan, layout_of, pack
 from scoring_server.config import ModelSettings
 from scoring_server.engines import engine_args
 
@@ -124,7 +124,7 @@ def test_device_plan_sends_key_starts_where_the_segment_kernel_runs(monkeypatch:
     cpu = torch.device("cpu")
     plan = AttentionPlan.build([[3, 2, 4], [0, 5]])
     assert DevicePlan.of(plan, cpu, torch.bfloat16).key_starts is None  # CPU: the padded path
-    monkeypatch.setattr("scoring_plugin.models.packed_attention.segments_run", lambda device, dtype: True)
+    monkeypatch.setattr("scoring_plugin.packed.attention.segments_run", lambda device, dtype: True)
     sent = DevicePlan.of(plan, cpu, torch.bfloat16)
     assert sent.kv_index is None and sent.key_starts is not None
     assert sent.key_starts.tolist() == plan.key_starts().tolist()
@@ -206,7 +206,7 @@ def test_pair_attention_equals_each_pair_alone(
     over head + segment alone gives, and the head what it gets alone: no pair sees another;
     also when the groups are split over several batches (a step past the batch budget)."""
     if budget is not None:
-        monkeypatch.setattr("scoring_plugin.models.packed_attention.PADDED_SCORES_BUDGET", budget)
+        monkeypatch.setattr("scoring_plugin.packed.attention.PADDED_SCORES_BUDGET", budget)
     torch.manual_seed(0)
     heads, kv_heads, dim = 4, 2, 8
     tokens = sum(layout)
@@ -261,13 +261,13 @@ def test_only_a_small_call_alone_in_the_process_plans_inline(demo_models: dict[s
 def test_config_advertises_the_checkpoints_positions(demo_models: dict[str, ModelSettings]) -> None:
     """ModelSettings hands the plugin the checkpoint's positions as the per-pair limit, never
     pack_tokens; an explicit max_model_len wins."""
-    from scoring_plugin.models import PACKED_QWEN3_ARCHITECTURE
+    from scoring_plugin.packed.families.registry import QWEN3
     from scoring_plugin.rerank.settings import OVERRIDES_KEY
 
     path = demo_models["qwen3-seq-cls"].path
     settings = ModelSettings(name="q", path=path, dtype="float32", pack_pairs=True, pack_tokens=PACK_TOKENS)
     overrides = settings.effective_hf_overrides()
-    assert overrides["architectures"] == [PACKED_QWEN3_ARCHITECTURE]
+    assert overrides["architectures"] == [QWEN3.architecture]
     assert overrides[OVERRIDES_KEY]["max_pair_tokens"] == 512
     explicit = settings.model_copy(update={"max_model_len": 128})
     assert explicit.effective_hf_overrides()[OVERRIDES_KEY]["max_pair_tokens"] == 128
@@ -326,7 +326,7 @@ def test_graph_buckets_cover_every_step_with_bounded_padding(max_tokens: int) ->
     a quarter of the step below 1024 tokens, an eighth above and a 32nd above 8,192 (from 64
     tokens on: below, the multiple-of-8 rounding dominates, and those steps are launch-bound
     anyway)."""
-    from scoring_plugin.models.layer_graphs import token_buckets
+    from scoring_plugin.packed.layer_graphs import token_buckets
 
     buckets = token_buckets(max_tokens)
     assert buckets == sorted(set(buckets)) and buckets[-1] == max_tokens
@@ -335,3 +335,16 @@ def test_graph_buckets_cover_every_step_with_bounded_padding(max_tokens: int) ->
         size = next(b for b in buckets if b >= tokens)
         if tokens > 64:
             assert size - tokens <= tokens / (32 if tokens > 8192 else 8 if tokens > 1024 else 4), (tokens, size)
+
+
+def test_token_types_start_at_each_segments_second_segment() -> None:
+    """BERT's type 1 from each pair's second segment on, per segment of every request; a request
+    without starts (warm-up, a tokenizer without types) is type 0 throughout."""
+    from scoring_plugin.packed.plan import TYPE_STARTS_KEY, token_types
+
+    layouts = [[0, 4, 3], [0, 2]]
+    plan = AttentionPlan.build(layouts)
+    types = token_types([{TYPE_STARTS_KEY: [2, 1]}, None], layouts, plan.positions)
+    assert types.tolist() == [0, 0, 1, 1, 0, 1, 1, 0, 0]
+    with pytest.raises(ValueError, match="second-segment starts"):
+        token_types([{TYPE_STARTS_KEY: [2]}, None], layouts, plan.positions)

@@ -77,7 +77,7 @@ def test_plugin_logs_reach_vllms_handler_where_nothing_else_is_configured() -> N
         "from scoring_plugin.registration import log_through_vllm\n"
         "log_through_vllm()\n"
         "vllm.logger._configure_vllm_root_logger()\n"
-        "logging.getLogger('scoring_plugin.models.packed_qwen3').info('kernels chosen: probe')\n"
+        "logging.getLogger('scoring_plugin.packed.families.qwen3').info('kernels chosen: probe')\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "VLLM_CONFIGURE_LOGGING": "1"})

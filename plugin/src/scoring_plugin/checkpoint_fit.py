@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from scoring_plugin.models import ABSA_ARCHITECTURES, IMAGE_RANK_ARCHITECTURE, PACKABLE_ARCHITECTURES
+from scoring_plugin.models import ABSA_ARCHITECTURES, IMAGE_RANK_ARCHITECTURE
+from scoring_plugin.packed.families.registry import packed_architectures
 from scoring_plugin.rerank.prompts import SpecialTokenLayout
 from scoring_plugin.rerank.settings import RerankMode, RerankSettings
 
-_PACKED = {kind: set(packed.values()) for kind, packed in PACKABLE_ARCHITECTURES.items()}
-_ABSA = {*ABSA_ARCHITECTURES, *_PACKED["absa"]}
+_ABSA = {*ABSA_ARCHITECTURES, *packed_architectures("absa")}
 
 
 class CheckpointMismatch(ValueError):

@@ -13,7 +13,7 @@ from typing import Any
 
 
 # Packed models on CUDA: steps up to this many tokens replay as one CUDA graph each, attention
-# included (scoring_plugin.models.full_graphs); larger steps replay piecewise.
+# included (scoring_plugin.packed.full_graphs); larger steps replay piecewise.
 DEFAULT_FULL_GRAPH_TOKENS = 1024
 
 
@@ -27,7 +27,7 @@ def full_graph_tokens(own: dict[str, Any], section: str) -> int:
 
 # How a packed float32 model's projections multiply on CUDA: cuBLAS at vLLM's
 # VLLM_FLOAT32_MATMUL_PRECISION, or "tf32x3" (3xTF32 Triton GEMMs where they time faster at
-# start-up: scoring_plugin.models.tf32x3_gemm). The server sets it from the model's
+# start-up: scoring_plugin.packed.tf32x3_gemm). The server sets it from the model's
 # `float32_matmul_precision`.
 FLOAT32_GEMMS = ("cublas", "tf32x3")
 

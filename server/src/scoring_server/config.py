@@ -19,7 +19,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from scoring_plugin.absa.settings import OVERRIDES_KEY as ABSA_OVERRIDES_KEY
 from scoring_plugin.config_sections import DEFAULT_FULL_GRAPH_TOKENS
 from scoring_plugin.image_rank.settings import OVERRIDES_KEY as IMAGE_RANK_OVERRIDES_KEY
-from scoring_plugin.models import PACKABLE_ARCHITECTURES, TF32X3
+from scoring_plugin.models import TF32X3
+from scoring_plugin.packed.families.registry import PACKED_KINDS, family_for, packable
 from scoring_plugin.rerank.settings import OVERRIDES_KEY as RERANK_OVERRIDES_KEY
 from scoring_plugin.rerank.published import Conversion, reranker_conversion
 from scoring_plugin.rerank.settings import RerankMode
@@ -67,7 +68,7 @@ class ModelSettings(BaseModel):
     hf_overrides: dict[str, Any] = Field(default_factory=dict)
     # Qwen3 cross-encoders and ModernBERT ABSA models: every pair of a call in one engine
     # request, attention kept inside each pair, a reranker's shared prompt head computed once
-    # (scoring_plugin.packing). `max_model_len` stays the per-pair limit (capped at
+    # (scoring_plugin.packed.plan). `max_model_len` stays the per-pair limit (capped at
     # `pack_tokens`); a packed request holds up to `pack_tokens` tokens (larger calls take several).
     pack_pairs: bool = False
     pack_tokens: int = Field(default=8192, ge=64)
@@ -102,8 +103,8 @@ class ModelSettings(BaseModel):
         for field in ("rerank_mode", "rerank_activation", "score_label"):
             if getattr(self, field) is not None and self.kind is not ModelKind.RERANK:
                 raise ValueError(f"{field} applies to rerank models only")
-        if self.pack_pairs and self.kind.value not in PACKABLE_ARCHITECTURES:
-            raise ValueError(f"pack_pairs applies to {sorted(PACKABLE_ARCHITECTURES)} models only")
+        if self.pack_pairs and self.kind.value not in PACKED_KINDS:
+            raise ValueError(f"pack_pairs applies to {list(PACKED_KINDS)} models only")
         if self.max_queued_items < self.max_items_per_request:
             raise ValueError("max_queued_items must admit at least one full request")
         if self.float32_matmul_precision != "highest" and self.dtype != "float32":
@@ -160,8 +161,8 @@ class ModelSettings(BaseModel):
 
     def packed_architecture(self) -> str | None:
         """The plugin architecture that serves this checkpoint packed; None when it has none."""
-        packable = PACKABLE_ARCHITECTURES.get(self.kind.value, {})
-        return next((packable[a] for a in self.checkpoint_architectures() if a in packable), None)
+        family = family_for(self.kind.value, self.checkpoint_architectures())
+        return None if family is None else family.architecture
 
     def packs(self) -> bool:
         """Whether this model is served packed: asked for, and its architecture has a packed
@@ -172,10 +173,9 @@ class ModelSettings(BaseModel):
         """Why a model that asked for packing is served unpacked, or None."""
         if not self.pack_pairs or self.packs():
             return None
-        packable = sorted(PACKABLE_ARCHITECTURES.get(self.kind.value, {}))
         return (
             f"pack_pairs: the checkpoint is {self.checkpoint_architectures()}, and {self.kind.value} packs "
-            f"{packable} only; served unpacked (one engine request per pair)"
+            f"{packable(self.kind.value)} only; served unpacked (one engine request per pair)"
         )
 
     def max_pair_tokens(self) -> int:

@@ -36,9 +36,9 @@ from scoring_plugin.config_sections import as_dict
 from scoring_plugin.errors import FieldViolation, InvalidInputError, NonFiniteOutputError, text_violations
 from scoring_plugin.io_processors.base import ScoringIOProcessor
 from scoring_plugin.io_processors.engine_request import EngineRequest
-from scoring_plugin.models import PACKED_MODERNBERT_ABSA_ARCHITECTURE
+from scoring_plugin.packed.families.registry import serving
 from scoring_plugin.models.absa import ABSA_TASK
-from scoring_plugin.packing import LAYOUT_KEY, PACKED_TASK, PackedRequest, pack
+from scoring_plugin.packed.plan import LAYOUT_KEY, PACKED_TASK, PackedRequest, pack
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +58,7 @@ class AbsaIOProcessor(ScoringIOProcessor[AbsaInput, AbsaOutput, _RequestState]):
         model_config = vllm_config.model_config
         check_fit(model_config.served_model_name, "absa", as_dict(model_config.hf_config), renderer.get_tokenizer())
         self.settings = AbsaSettings.from_hf_config(model_config.hf_config)
-        self._packed = PACKED_MODERNBERT_ABSA_ARCHITECTURE in (model_config.hf_config.architectures or [])
+        self._packed = serving(model_config.hf_config.architectures or []) is not None
         # A packed engine's length limit is per request (all pairs of a call); pairs keep theirs.
         self._request_tokens = int(model_config.max_model_len)
         self.max_model_len = min(self._request_tokens, self.settings.max_pair_tokens or self._request_tokens)

@@ -2,7 +2,7 @@
 
 Two drivers use it. Our gRPC server calls :meth:`plan` and :meth:`post_process` itself,
 submitting one engine request per distinct prompt with its own pooling parameters (BERT token
-types travel there), or, for a packed model (:mod:`scoring_plugin.packing`), every pair
+types travel there), or, for a packed model (:mod:`scoring_plugin.packed.plan`), every pair
 of the call in one engine request whose pooling parameters carry the layout. Stock ``vllm serve`` calls the standard
 ``parse_data`` -> ``pre_process`` -> ``post_process`` path, which shares one set of pooling
 parameters across prompts and so cannot carry per-pair token types: models that need them are
@@ -29,8 +29,9 @@ from scoring_plugin.config_sections import as_dict
 from scoring_plugin.errors import FieldViolation, InvalidInputError, NonFiniteOutputError, text_violations
 from scoring_plugin.io_processors.base import ScoringIOProcessor
 from scoring_plugin.io_processors.engine_request import EngineRequest
-from scoring_plugin.models import PACKED_QWEN3_ARCHITECTURE, PAIR_BERT_ARCHITECTURE
-from scoring_plugin.packing import LAYOUT_KEY, PACKED_TASK, PackedRequest, pack
+from scoring_plugin.models import PAIR_BERT_ARCHITECTURE
+from scoring_plugin.packed.families.registry import serving
+from scoring_plugin.packed.plan import LAYOUT_KEY, PACKED_TASK, TYPE_STARTS_KEY, PackedRequest, pack
 from scoring_plugin.rerank.prompts import EnginePrompt, PromptBuilder, RerankPlan, Window
 from scoring_plugin.rerank.settings import RerankMode, RerankSettings
 from scoring_plugin.rerank.scores import activated_score, check_activation
@@ -65,9 +66,13 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
         self.settings = RerankSettings.from_hf_config(model_config.hf_config)
         architectures = model_config.hf_config.architectures or []
         self._model_derives_token_types = PAIR_BERT_ARCHITECTURE in architectures
-        self._packed = PACKED_QWEN3_ARCHITECTURE in architectures
-        if self._packed and (self.settings.mode is not RerankMode.CROSS_ENCODER or self.settings.num_labels != 1):
-            raise ValueError(f"{PACKED_QWEN3_ARCHITECTURE} serves one-label cross-encoders only")
+        self._family = serving(architectures)
+        self._packed = self._family is not None
+        if self._family is not None and (
+            self.settings.mode is not RerankMode.CROSS_ENCODER or (self._family.one_label and self.settings.num_labels != 1)
+        ):
+            labels = "one-label " if self._family.one_label else ""
+            raise ValueError(f"{self._family.architecture} serves {labels}cross-encoders only")
         self._bi_encoder = (
             BiEncoderScoring.of_checkpoint(Path(model_config.model))
             if self.settings.mode is RerankMode.BI_ENCODER
@@ -164,9 +169,22 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
         if not self._packed:
             self._states.put(request_id, _RequestState(request, plan))
             return [self._engine_request(p) for p in plan.prompts]
-        packed = pack([p.token_ids for p in plan.prompts], plan.shared_prefix, self._request_tokens)
+        family = self._family
+        assert family is not None
+        head = plan.shared_prefix if family.shares_head else 0
+        packed = pack([p.token_ids for p in plan.prompts], head, self._request_tokens)
         self._states.put(request_id, _RequestState(request, plan, packed))
-        return [EngineRequest.of_tokens(r.token_ids, self._pooling_params({LAYOUT_KEY: r.layout})) for r in packed]
+        return [EngineRequest.of_tokens(r.token_ids, self._pooling_params(self._packed_extra(r, plan))) for r in packed]
+
+    def _packed_extra(self, request: PackedRequest, plan: RerankPlan) -> dict[str, Any]:
+        """A packed request's layout and, for a family that reads them, where each pair's
+        token type 1 starts (the tokenizer's pair encoding, as unpacked BERT gets it)."""
+        extra: dict[str, Any] = {LAYOUT_KEY: request.layout}
+        assert self._family is not None
+        starts = [plan.prompts[p].second_segment_start for p in request.prompts]
+        if self._family.token_types and all(s is not None for s in starts):
+            extra[TYPE_STARTS_KEY] = starts
+        return extra
 
     def _engine_request(self, prompt: EnginePrompt) -> EngineRequest:
         extra = (
@@ -194,6 +212,11 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
         request_id = self._required_id(request_id)
         if self._packed:  # vLLM's path shares one set of pooling parameters: one pair per prompt
             plan = self._builder.plan(prompt)
+            if any(p.second_segment_start is not None for p in plan.prompts):
+                raise ValueError(
+                    "this packed model needs per-pair token types, which vLLM's /pooling path cannot "
+                    "carry; serve it with the scoring gRPC server, or unpacked"
+                )
             self._states.put(request_id, _RequestState(prompt, plan))
             return [TokensPrompt(prompt_token_ids=list(p.token_ids)) for p in plan.prompts]
         requests = self.plan(prompt, request_id)
@@ -301,10 +324,8 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
         """Per engine prompt a document (or window) uses, the values its score is taken from: a
         classifier's logits (one per label), or a similarity alone."""
         mode = self.settings.mode
-        if mode is RerankMode.CROSS_ENCODER:  # packed requests: one score per segment
-            if packed is not None:
-                return [[v] for v in _unpack(packed, data, len(plan.prompts))]
-            logits = [classifier_logits(d) for d in data]
+        if mode is RerankMode.CROSS_ENCODER:  # packed requests: one row of logits per segment
+            logits = _unpack(packed, data, len(plan.prompts)) if packed is not None else [classifier_logits(d) for d in data]
             if any(len(v) != self.settings.num_labels for v in logits):
                 raise ValueError(f"expected {self.settings.num_labels} logits per pair")
             return logits
@@ -318,14 +339,15 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
 
 
 
-def _unpack(packed: list[PackedRequest], data: list[Any], prompts: int) -> list[float]:
-    """Per packed request one score per segment, back into per-prompt raw logits: one `tolist`
-    per engine output, not a tensor read per document (each read has a fixed cost, and this
-    runs on the server's event loop)."""
-    out: list[float] = [math.nan] * prompts
+def _unpack(packed: list[PackedRequest], data: list[Any], prompts: int) -> list[list[float]]:
+    """Per packed request one row of logits per segment, back into per-prompt raw logits: one
+    `tolist` per engine output, not a tensor read per document (each read has a fixed cost,
+    and this runs on the server's event loop)."""
+    out: list[list[float]] = [[math.nan]] * prompts
     for request, scores in zip(packed, data):
-        if scores.numel() != len(request.prompts):
-            raise ValueError(f"expected {len(request.prompts)} packed scores, got {scores.numel()}")
-        for prompt, score in zip(request.prompts, scores.reshape(-1).tolist()):
-            out[prompt] = score
+        segments = len(request.prompts)
+        if scores.numel() == 0 or scores.numel() % segments:
+            raise ValueError(f"expected logits for {segments} packed pairs, got {tuple(scores.shape)}")
+        for prompt, row in zip(request.prompts, scores.reshape(segments, -1).tolist()):
+            out[prompt] = row
     return out

@@ -1,7 +1,7 @@
 """Small packed steps replayed as one CUDA graph each, attention included (vLLM's FULL mode,
 for the layers our packed poolers run).
 
-Piecewise graphs (:mod:`scoring_plugin.models.layer_graphs`) leave every attention call eager: a
+Piecewise graphs (:mod:`scoring_plugin.packed.layer_graphs`) leave every attention call eager: a
 step pays Python and launch costs for each layer's attention, the K/V gathers included, and for a
 one-document rerank step or a small ABSA step that host work outlasts the GPU's (see
 docs/decisions/). A small step is host-bound, and a whole-step graph removes the host work.
@@ -12,7 +12,7 @@ is copied into static buffers sized by the bucket: query groups past the real on
 ``cu_seqlens`` on the device (its persistent varlen scheduler), so neither the empty groups nor the
 loose bound launch work of their own. Inside these graphs a shared head's keys are still gathered
 through ``kv_index`` for flash-attention: the Triton segment kernel that reads them in place in
-larger steps (:class:`~.packed_attention.DevicePlan`) is not captured, as its grid would be sized
+larger steps (:class:`~.attention.DevicePlan`) is not captured, as its grid would be sized
 by the bucket's loose bounds (query blocks of the whole bucket, for every group slot), which nobody
 has measured yet.
 
@@ -31,8 +31,8 @@ import numpy as np
 import torch
 from vllm.config import VllmConfig
 
-from scoring_plugin.models.kernel_choice import relative_difference
-from scoring_plugin.models.layer_graphs import (
+from scoring_plugin.packed.kernel_choice import relative_difference
+from scoring_plugin.packed.layer_graphs import (
     GraphRunner,
     LayerGraphs,
     LayersOut,
@@ -41,8 +41,8 @@ from scoring_plugin.models.layer_graphs import (
     run_eager,
     token_buckets,
 )
-from scoring_plugin.models.packed_attention import DevicePlan, byte_spans, flash_available, views
-from scoring_plugin.packing import AttentionPlan
+from scoring_plugin.packed.attention import DevicePlan, byte_spans, flash_available, views
+from scoring_plugin.packed.plan import AttentionPlan
 
 logger = logging.getLogger(__name__)
 

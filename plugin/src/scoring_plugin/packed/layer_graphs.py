@@ -25,8 +25,8 @@ from vllm.config import VllmConfig
 from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.platforms import current_platform
 
-from scoring_plugin.models.packed_attention import DevicePlan
-from scoring_plugin.packing import AttentionPlan
+from scoring_plugin.packed.attention import DevicePlan
+from scoring_plugin.packed.plan import AttentionPlan
 
 logger = logging.getLogger(__name__)
 

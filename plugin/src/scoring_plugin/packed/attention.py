@@ -1,4 +1,4 @@
-"""Attention kept inside each pair of a packed step (:mod:`scoring_plugin.packing`).
+"""Attention kept inside each pair of a packed step (:mod:`scoring_plugin.packed.plan`).
 
 The packed models hold no KV cache and get no vLLM attention metadata (vLLM sees them as
 attention-free): the step's :class:`AttentionPlan` says which rows attend to which. On CUDA in
@@ -23,17 +23,17 @@ from torch import nn
 from vllm.v1.pool.metadata import PoolingMetadata
 
 from scoring_plugin.models.pooling_step import whole_request_lengths
-from scoring_plugin.packing import AttentionPlan, layout_of
+from scoring_plugin.packed.plan import AttentionPlan, layout_of
 
 if TYPE_CHECKING:  # imports Triton, which only the CUDA paths need
-    from scoring_plugin.models.qk_norm_rope import NormRope
+    from scoring_plugin.packed.qk_norm_rope import NormRope
 
 
 @dataclass(frozen=True, slots=True)
 class DevicePlan:
     """An :class:`AttentionPlan` on the model's device. ``max_q`` and ``max_k`` bound the query
     groups' and key ranges' lengths (flash-attention's ``max_seqlen``): the plan's own maxima,
-    or a captured graph's fixed bounds (:mod:`scoring_plugin.models.full_graphs`)."""
+    or a captured graph's fixed bounds (:mod:`scoring_plugin.packed.full_graphs`)."""
 
     plan: AttentionPlan
     positions: torch.Tensor
@@ -145,7 +145,7 @@ def flash_runs(device: torch.device, dtype: torch.dtype) -> bool:
 def _segment_kernel() -> Callable[..., None] | None:
     """The Triton kernel for causal groups (:mod:`.segment_attention`), where Triton imports."""
     try:
-        from scoring_plugin.models.segment_attention import segment_attention
+        from scoring_plugin.packed.segment_attention import segment_attention
     except ImportError:
         return None
     return segment_attention

@@ -26,8 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from scoring_plugin.models.gemm_tiles import Tile, operand_tiles
-from scoring_plugin.models.kernel_choice import clear_winner, fixed_random, graph_ms, planned, probe_sizes
+from scoring_plugin.packed.gemm_tiles import Tile, operand_tiles
+from scoring_plugin.packed.kernel_choice import clear_winner, fixed_random, graph_ms, planned, probe_sizes
 
 
 # Tried at start-up (:func:`choose_tiles`). Large steps: 128 rows x 2 x 128 columns (the shape of

@@ -1,9 +1,9 @@
 """A ModernBERT ABSA model that analyses every pair of a packed request (see
-:mod:`scoring_plugin.packing`) with attention kept inside each pair.
+:mod:`scoring_plugin.packed.plan`) with attention kept inside each pair.
 
 Same checkpoint as ``ModernBertForAspectSentiment``. One pair per engine request pays vLLM's
 per-request path once per pair and can split a call over several engine steps; packed, a call
-is one request and one step. As in :mod:`scoring_plugin.models.packed_qwen3`, ``forward``
+is one request and one step. As in :mod:`scoring_plugin.packed.families.qwen3`, ``forward``
 only embeds (the layout of a request reaches the pooler alone) and the pooler runs the encoder:
 bidirectional attention within each pair, ModernBERT's local layers within their window, the
 positions each pair would have alone, on CUDA as piecewise graphs between attentions. The
@@ -36,21 +36,21 @@ from vllm.v1.pool.metadata import PoolingMetadata
 
 from scoring_plugin.absa.heads import AbsaHeads, pack_outputs
 from scoring_plugin.absa.settings import AbsaSettings
-from scoring_plugin.models.full_graphs import pooler_graphs
-from scoring_plugin.models.kernel_choice import choose_float32_gemms, plain_gemm, planned
-from scoring_plugin.models.layer_graphs import run_layers
+from scoring_plugin.packed.full_graphs import pooler_graphs
+from scoring_plugin.packed.kernel_choice import choose_float32_gemms, plain_gemm, planned
+from scoring_plugin.packed.layer_graphs import run_layers
 from scoring_plugin.models.loading import load_all_weights
-from scoring_plugin.models.mlp_fusions import (
+from scoring_plugin.packed.mlp_fusions import (
     RESIDUAL_UNFUSED,
     ResidualPath,
     ResidualPlan,
     choose_mlp_fusions,
 )
-from scoring_plugin.models.packed_attention import DevicePlan, PairAttention, step_plan
-from scoring_plugin.packing import PACKED_TASK
+from scoring_plugin.packed.attention import DevicePlan, PairAttention, step_plan
+from scoring_plugin.packed.plan import PACKED_TASK
 
 if TYPE_CHECKING:  # imports Triton, which only the CUDA paths need
-    from scoring_plugin.models.gate_up_activation import GateUpActivation
+    from scoring_plugin.packed.gate_up_activation import GateUpActivation
 
 # ModernBERT's activations as vLLM's fused act-and-mul kernels (one pass over the MLP's input).
 _GELU_APPROXIMATION = {"gelu": "none", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}
@@ -118,12 +118,12 @@ def _add_projection(linear: nn.Module, x: torch.Tensor, residual: torch.Tensor, 
 
 
 class PackedModernBertLayer(nn.Module):
-    """A pre-norm ModernBERT layer cut at its attention (:class:`~.layer_graphs.SplitLayer`).
+    """A pre-norm ModernBERT layer cut at its attention (:class:`~scoring_plugin.packed.layer_graphs.SplitLayer`).
     Its residual stream is the layer input itself, threaded through as ``residual``.
 
-    On CUDA, where start-up timing chose them (:mod:`.mlp_fusions`): both projections add into
+    On CUDA, where start-up timing chose them (:mod:`scoring_plugin.packed.mlp_fusions`): both projections add into
     the residual stream inside their GEMMs, and the MLP's input projection applies GELU-and-
-    multiply in its epilogue (:mod:`.gate_up_activation`)."""
+    multiply in its epilogue (:mod:`scoring_plugin.packed.gate_up_activation`)."""
 
     def __init__(self, config: ModernBertConfig, layer_id: int, prefix: str) -> None:
         super().__init__()
@@ -171,7 +171,7 @@ class PackedModernBertLayer(nn.Module):
 
 class PackedAbsaPooler(Pooler):
     """The encoder layers, the final norm and both ABSA heads, run over the pooled step; on CUDA
-    the layers replay as CUDA graphs (:func:`~.full_graphs.pooler_graphs`) as ``settings`` asks."""
+    the layers replay as CUDA graphs (:func:`~scoring_plugin.packed.full_graphs.pooler_graphs`) as ``settings`` asks."""
 
     def __init__(
         self, config: ModernBertConfig, prefix: str, vllm_config: VllmConfig, settings: AbsaSettings

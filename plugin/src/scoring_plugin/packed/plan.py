@@ -26,6 +26,8 @@ from vllm.tasks import PoolingTask
 
 # PoolingParams.extra_kwargs key carrying a packed request's layout.
 LAYOUT_KEY = "pair_layout"
+# ... and, for a family with token types (BERT), where token type 1 starts inside each segment.
+TYPE_STARTS_KEY = "second_segment_starts"
 # The pooling task of packed requests: the V1 runner hands the pooler's tensors back as they are.
 PACKED_TASK: PoolingTask = "plugin"
 
@@ -71,6 +73,27 @@ def layout_of(extra_kwargs: dict[str, object] | None, num_tokens: int) -> list[i
     return values
 
 
+def token_types(extras: Sequence[dict[str, object] | None], layouts: Sequence[Sequence[int]],
+                positions: np.ndarray) -> np.ndarray:
+    """Per token of the step, its token type: 1 from its segment's second-segment start on
+    (``TYPE_STARTS_KEY``), else 0; every token of a request without starts (warm-up, profiling,
+    a tokenizer without token types) is type 0. ``positions``: each token's position inside its
+    own pair (a headless plan's)."""
+    starts: list[int] = []
+    for extra, layout in zip(extras, layouts):
+        given = (extra or {}).get(TYPE_STARTS_KEY)
+        segments = len(layout) - 1
+        if given is None:
+            starts.extend([np.iinfo(np.int64).max] * segments)
+            continue
+        values = [int(v) for v in given]  # type: ignore[union-attr]
+        if len(values) != segments or min(values) < 0:
+            raise ValueError(f"second-segment starts {values[:8]} do not describe {segments} segments")
+        starts.extend(values)
+    lengths = np.fromiter((n for layout in layouts for n in layout[1:]), dtype=np.int64)
+    return (positions >= np.repeat(np.asarray(starts, dtype=np.int64), lengths)).astype(np.int64)
+
+
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Concatenation of ``arange(s, s + n)`` for each (s, n), without a Python loop."""
     total = int(lengths.sum())
@@ -97,7 +120,7 @@ class AttentionPlan:
         segment; for a head or a headless pair, its own first row (it has no prefix). With
         ``cu_q`` and ``cu_k`` this says where every group's keys are without ``kv_index``: the
         prefix is one run of rows, the group's own rows follow
-        (:mod:`scoring_plugin.models.segment_attention`)."""
+        (:mod:`scoring_plugin.packed.segment_attention`)."""
         return self.kv_index[self.cu_k[:-1]].astype(np.int32)
 
     @classmethod

@@ -1,5 +1,5 @@
 """A Qwen3 cross-encoder that scores every pair of a packed request (see
-:mod:`scoring_plugin.packing`) with attention kept inside each pair.
+:mod:`scoring_plugin.packed.plan`) with attention kept inside each pair.
 
 vLLM hands per-request parameters to the pooler, never to ``forward``; the layout of a packed
 request lives in its pooling parameters. So ``forward`` only embeds the tokens, and the pooler
@@ -12,7 +12,7 @@ pair, so the model also serves unpacked prompts, with the same weights and check
 ``Qwen3ForSequenceClassification``.
 
 On CUDA the layers between two attentions replay as CUDA graphs at bucketed token counts
-(:mod:`scoring_plugin.models.layer_graphs`): eager, their kernel launches were the fixed cost of a
+(:mod:`scoring_plugin.packed.layer_graphs`): eager, their kernel launches were the fixed cost of a
 call.
 
 The model holds no KV cache (vLLM sees it as attention-free), so a request must arrive whole in
@@ -51,29 +51,29 @@ from vllm.triton_utils import HAS_TRITON
 from vllm.v1.outputs import PoolerOutput
 from vllm.v1.pool.metadata import PoolingMetadata
 
-from scoring_plugin.models.full_graphs import pooler_graphs
-from scoring_plugin.models.kernel_choice import (
+from scoring_plugin.packed.full_graphs import pooler_graphs
+from scoring_plugin.packed.kernel_choice import (
     PROBE_TOLERANCE,
     choose_float32_gemms,
     plain_gemm,
     planned,
     relative_difference,
 )
-from scoring_plugin.models.layer_graphs import run_layers
+from scoring_plugin.packed.layer_graphs import run_layers
 from scoring_plugin.models.loading import load_all_weights
-from scoring_plugin.models.mlp_fusions import (
+from scoring_plugin.packed.mlp_fusions import (
     RESIDUAL_UNFUSED,
     ResidualPath,
     ResidualPlan,
     choose_mlp_fusions,
 )
-from scoring_plugin.models.packed_attention import DevicePlan, PairAttention, step_plan
-from scoring_plugin.packing import PACKED_TASK
+from scoring_plugin.packed.attention import DevicePlan, PairAttention, step_plan
+from scoring_plugin.packed.plan import PACKED_TASK
 from scoring_plugin.rerank.settings import RerankSettings
 
 if TYPE_CHECKING:  # imports Triton, which only the CUDA paths need
-    from scoring_plugin.models.gate_up_activation import GateUpActivation
-    from scoring_plugin.models.qk_norm_rope import NormRope
+    from scoring_plugin.packed.gate_up_activation import GateUpActivation
+    from scoring_plugin.packed.qk_norm_rope import NormRope
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class PackedQwen3Attention(nn.Module):
         self.q_norm = RMSNorm(head_dim, eps=config.rms_norm_eps)
         self.k_norm = RMSNorm(head_dim, eps=config.rms_norm_eps)
         self.attn = PairAttention(heads, kv_heads, head_dim)
-        # Q's and K's norm + rotary as Triton kernels (:mod:`.qk_norm_rope`), once in use; None:
+        # Q's and K's norm + rotary as Triton kernels (:mod:`scoring_plugin.packed.qk_norm_rope`), once in use; None:
         # vLLM's unfused ops.
         self._fused: tuple[NormRope, NormRope] | None = None
 
@@ -128,7 +128,7 @@ class PackedQwen3Attention(nn.Module):
         if cos_sin is None:
             self._fused = None
         else:
-            from scoring_plugin.models.qk_norm_rope import NormRope  # imports Triton: CUDA only
+            from scoring_plugin.packed.qk_norm_rope import NormRope  # imports Triton: CUDA only
 
             self._fused = tuple(  # type: ignore[assignment]
                 NormRope(norm.weight, cos_sin, size // self.head_dim, norm.variance_epsilon)
@@ -146,10 +146,10 @@ class PackedQwen3Attention(nn.Module):
         return q, k, v
 
     def use_fused_norm_rope(self) -> float | None:
-        """Switches to the Triton Q/K RMSNorm + rotary kernels (:mod:`.qk_norm_rope`) where they
+        """Switches to the Triton Q/K RMSNorm + rotary kernels (:mod:`scoring_plugin.packed.qk_norm_rope`) where they
         apply (CUDA, fp16/bf16, neox rotary over whole heads). The unfused path reads and writes
         q and k five times, where vLLM's fused kernel and ours pass over them once, ours closer
-        to the memory bound (see :mod:`.qk_norm_rope`); with Q's share done inside the segment
+        to the memory bound (see :mod:`scoring_plugin.packed.qk_norm_rope`); with Q's share done inside the segment
         attention kernel, K's alone is a third of that.
         Only after they reproduced the unfused path on a probe with this layer's weights, so a
         kernel or wiring mismatch falls back instead of scoring wrong. Returns the probe's
@@ -186,12 +186,12 @@ class PackedQwen3Attention(nn.Module):
 
 
 class PackedQwen3Layer(nn.Module):
-    """A Qwen3 decoder layer cut at its attention (:class:`~.layer_graphs.SplitLayer`).
+    """A Qwen3 decoder layer cut at its attention (:class:`~scoring_plugin.packed.layer_graphs.SplitLayer`).
 
-    On CUDA, where start-up timing chose them (:mod:`.mlp_fusions`), two fusions around the MLP:
+    On CUDA, where start-up timing chose them (:mod:`scoring_plugin.packed.mlp_fusions`), two fusions around the MLP:
     the output projection adds into the residual stream inside its GEMM, so the norm after it
     reads one tensor instead of two and writes one instead of two; and the gate/up projection
-    applies SiLU-and-multiply in its epilogue (:mod:`.gate_up_activation`)."""
+    applies SiLU-and-multiply in its epilogue (:mod:`scoring_plugin.packed.gate_up_activation`)."""
 
     def __init__(self, config: Qwen3Config, prefix: str) -> None:
         super().__init__()
@@ -249,10 +249,10 @@ class PackedQwen3Layer(nn.Module):
 
 class PackedPairScorer(Pooler):
     """The decoder layers, the final norm and the score head, run over the pooled step; on CUDA
-    the layers replay as CUDA graphs (:func:`~.full_graphs.pooler_graphs`) as ``settings`` asks."""
+    the layers replay as CUDA graphs (:func:`~scoring_plugin.packed.full_graphs.pooler_graphs`) as ``settings`` asks."""
 
     # One score per pair, read at its last token: the last layer's output projection and MLP
-    # run for those rows alone (:func:`~.layer_graphs.run_layers`).
+    # run for those rows alone (:func:`~scoring_plugin.packed.layer_graphs.run_layers`).
     scores_only = True
 
     def __init__(self, config: Qwen3Config, prefix: str, vllm_config: VllmConfig, settings: RerankSettings) -> None:

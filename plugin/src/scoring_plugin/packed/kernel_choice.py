@@ -127,6 +127,6 @@ def choose_float32_gemms(layers: Sequence[nn.Module], max_tokens: int, gemm: str
     where the model's settings ask for them (`pooler_float32_gemm`), on CUDA."""
     if gemm != TF32X3 or not torch.cuda.is_available():
         return
-    from scoring_plugin.models.tf32x3_gemm import choose_tf32x3  # Triton: CUDA paths only
+    from scoring_plugin.packed.tf32x3_gemm import choose_tf32x3  # Triton: CUDA paths only
 
     choose_tf32x3(layers, max_tokens)

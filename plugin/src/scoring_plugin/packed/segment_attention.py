@@ -15,7 +15,7 @@ them as it loads a Q tile, with the arithmetic of :mod:`.qk_norm_rope`: Q is rea
 never written back, where a separate pass read and wrote all of it (two thirds of that pass's
 bytes; its K third still runs before the attention).
 
-The plan describes every causal group this way (:class:`~scoring_plugin.packing.AttentionPlan`):
+The plan describes every causal group this way (:class:`~scoring_plugin.packed.plan.AttentionPlan`):
 group ``g``'s keys are ``k_len - q_len`` prefix rows from ``key_starts[g]`` (none for a head or
 a headless pair), then its own ``q_len`` rows, causally aligned to the group's end.
 
@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from scoring_plugin.models.qk_norm_rope import NormRope
+from scoring_plugin.packed.qk_norm_rope import NormRope
 
 _LOG2E = math.log2(math.e)
 
@@ -90,7 +90,7 @@ def _attend_block(
 def _norm_rope_tile(q_rows, head_offset, row_ok, position, weight_ptr, cos_sin_ptr, cos_sin_stride, eps,
                     TILE: tl.constexpr, HALF_DIM: tl.constexpr):
     """A Q tile's per-head RMSNorm and neox rotary, the arithmetic of
-    :mod:`~scoring_plugin.models.qk_norm_rope` (fp32, one rounding to Q's dtype), from Q's rows
+    :mod:`~scoring_plugin.packed.qk_norm_rope` (fp32, one rounding to Q's dtype), from Q's rows
     as two halves (each dimension rotates with the one half a head away), interleaved back into
     one tile for the dot products. Halves keep the fp32 temporaries at a quarter of the tile
     each: whole-width ones raise the kernel's register use enough to fit one program fewer per

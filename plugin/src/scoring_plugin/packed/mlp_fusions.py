@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from vllm.model_executor.layers.activation import GeluAndMul, SiluAndMul
 
-from scoring_plugin.models.kernel_choice import (
+from scoring_plugin.packed.kernel_choice import (
     PROBE_ROWS,
     PROBE_TOLERANCE,
     fixed_random,
@@ -33,7 +33,7 @@ from scoring_plugin.models.kernel_choice import (
 )
 
 if TYPE_CHECKING:  # imports Triton, which only the CUDA paths need
-    from scoring_plugin.models.gate_up_activation import GateUpActivation, TilePlan
+    from scoring_plugin.packed.gate_up_activation import GateUpActivation, TilePlan
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +55,9 @@ class FusableLayer(Protocol):
     into_residual: ResidualPlan
     gate_up: GateUpActivation | None
 
-    def gated_mlp(self) -> tuple[nn.Module, nn.Module]:
-        """The merged gate/up projection and vLLM's act-and-mul module after it."""
+    def gated_mlp(self) -> tuple[nn.Module, nn.Module] | None:
+        """The merged gate/up projection and vLLM's act-and-mul module after it; None for a
+        layer whose MLP is not gated (BERT)."""
         ...
 
     def residual_path(self) -> ResidualPath | None:
@@ -111,7 +112,7 @@ def _gate_up_plan(gate_up: nn.Module, act_fn: nn.Module, max_tokens: int) -> tup
     activation = activation_name(act_fn)
     if not (activation and plain_gemm(gate_up) and gate_up.weight.dtype in (torch.float16, torch.bfloat16)):
         return None
-    from scoring_plugin.models.gate_up_activation import choose_tiles  # imports Triton: CUDA only
+    from scoring_plugin.packed.gate_up_activation import choose_tiles  # imports Triton: CUDA only
 
     plan, timings = choose_tiles(gate_up.weight, activation, lambda x: act_fn(gate_up(x)[0]), max_tokens)
     logger.info("fused gate/up + %s timings (ms): %s", activation, timings)
@@ -123,7 +124,7 @@ def _fused_gate_up(
 ) -> tuple[GateUpActivation | None, float]:
     """One layer's fused kernel following ``plan``, where every tile in it reproduces the layer's
     unfused activation on a probe; and the probe's worst relative difference."""
-    from scoring_plugin.models.gate_up_activation import GateUpActivation, gate_up_activation
+    from scoring_plugin.packed.gate_up_activation import GateUpActivation, gate_up_activation
 
     probe = fixed_random(PROBE_ROWS, gate_up.weight, gate_up.weight.shape[1])
     expected = act_fn(gate_up(probe)[0])
@@ -151,11 +152,14 @@ def _choose(layers: Sequence[FusableLayer], max_tokens: int) -> None:
     residual = _residual_fusion(first, probe_sizes(max_tokens))
     for layer in layers[1:]:
         layer.into_residual = first.into_residual
-    chosen = _gate_up_plan(*first.gated_mlp(), max_tokens)
+    gated = first.gated_mlp()
+    chosen = None if gated is None else _gate_up_plan(*gated, max_tokens)
     differences = []
     if chosen is not None and any(tile is not None for _, tile in chosen[1]):
         for layer in layers:
-            layer.gate_up, difference = _fused_gate_up(*layer.gated_mlp(), *chosen)
+            gated = layer.gated_mlp()
+            assert gated is not None  # every layer of a stack is alike
+            layer.gate_up, difference = _fused_gate_up(*gated, *chosen)
             differences.append(difference)
     if residual is None and chosen is None:
         return  # neither applies (the CPU backend, quantised or sharded weights)

@@ -29,8 +29,8 @@ import triton.language as tl
 from torch import nn
 from vllm.model_executor.layers.utils import default_unquantized_gemm
 
-from scoring_plugin.models.gemm_tiles import Tile, operand_tiles
-from scoring_plugin.models.kernel_choice import (
+from scoring_plugin.packed.gemm_tiles import Tile, operand_tiles
+from scoring_plugin.packed.kernel_choice import (
     PROBE_ROWS,
     clear_winner,
     fixed_random,
