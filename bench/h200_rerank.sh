@@ -6,6 +6,11 @@
 #   sh bench/h200_rerank.sh published # the same shape as Qwen3-Reranker is published (Qwen3ForCausalLM):
 #                                     # ours (recognized, packed) and vllm serve /rerank (with the
 #                                     # hf_overrides vLLM prescribes), c=1/16/64 and one document (~5 min)
+#   FAMILY=bert sh bench/h200_rerank.sh family  # another packed family at its published shape
+#                                     # (bert: ms-marco MiniLM-L-12, xlmr: bge-reranker-v2-m3): HF,
+#                                     # vllm serve /rerank and ours, c=1/16/64 and one document; then
+#                                     # the packed path's parity (bf16 and fp32) against the fp32
+#                                     # reference, 4 queries x 20 documents (~5 min)
 #   sh bench/h200_rerank.sh check     # parity bf16 of the packed path against the fp32 HF
 #                                     # reference, and the HF reference's own bf16 orderings (~3.5 min)
 #   sh bench/h200_rerank.sh fp32-parity  # float32 with 3xTF32 projections against IEEE float32 and
@@ -54,6 +59,15 @@ check)
 systems)
     python3 rerank.py --systems hf,grpc,vllm,plugin --seconds-per-level 8 --docs-sweep 1 --work /tmp/bw \
         --out "$OUT" 2>&1 | tail -40
+    ;;
+family)
+    python3 rerank.py --family "$FAMILY" --systems hf,grpc,vllm --seconds-per-level 8 --docs-sweep 1 \
+        --work "/tmp/bw-$FAMILY" --out "$OUT/$FAMILY" 2>&1 | sed -n "/^Rerank,/,\$p"
+    python3 -c "import json, rerank; print('\n'.join(json.dumps({'query': q, 'documents': d}) for q, d in rerank.make_requests(4, 20, seed=11)))" > /tmp/queries.jsonl
+    for dtype in bfloat16 float32; do
+        python3 -m scoring_server.parity --checkpoint /tmp/bw-"$FAMILY"/model-* --inputs /tmp/queries.jsonl \
+            --pack-pairs --dtype "$dtype" --json "$OUT/$FAMILY/parity-packed-$dtype.json" 2>&1 | tail -14
+    done
     ;;
 published)
     python3 rerank.py --published --systems grpc,vllm --seconds-per-level 8 --docs-sweep 1 --work /tmp/bw \

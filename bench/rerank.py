@@ -167,15 +167,16 @@ def _build_xlmr(scenario: Scenario, target: Path) -> None:
     """An XLMRobertaForSequenceClassification (bge-reranker's architecture: positions after the
     padding index, <s> A </s></s> B </s>) with a SentencePiece-style Unigram tokenizer."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast, XLMRobertaConfig, XLMRobertaForSequenceClassification
 
-    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
-    tokenizer = Tokenizer(models.Unigram())
+    # Every bench word (and each probe word the server learns the special-token layout from) one
+    # piece, as SentencePiece writes it: "▁" + word.
+    words = sorted({*WORDS, "a", "b", "x", "y", "the", "is", "hello", "world"})
+    pieces = [(p, 0.0) for p in ("<s>", "<pad>", "</s>", "<unk>", "<mask>")] + [(f"\u2581{w}", -1.0) for w in words]
+    tokenizer = Tokenizer(models.Unigram(pieces, unk_id=3))
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
     tokenizer.decoder = decoders.Metaspace()
-    trainer = trainers.UnigramTrainer(vocab_size=len(WORDS) * 2 + 40, special_tokens=specials, unk_token="<unk>")
-    tokenizer.train_from_iterator([" ".join(WORDS)] * 64, trainer=trainer)
     tokenizer.post_processor = processors.TemplateProcessing(
         single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
     )

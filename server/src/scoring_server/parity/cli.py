@@ -47,7 +47,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--engine-args", default="{}", help="JSON object, as the server's `engine_args`")
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--pack-pairs", action="store_true",
-                        help="Qwen3 rerankers, ModernBERT ABSA: check the packed path (every pair of a call in one engine request)")
+                        help="models with a packed family (scoring_plugin.packed.families.registry): check the packed path "
+                             "(every pair of a call in one engine request)")
     parser.add_argument("--truncate", action="store_true",
                         help="consent to cut over-long inputs as the server does when a request carries "
                              "`truncation` (rerank: the document; ABSA: the review; image ranking: the query), "
