@@ -61,7 +61,7 @@ systems)
         --out "$OUT" 2>&1 | tail -40
     ;;
 family)
-    python3 rerank.py --family "$FAMILY" --systems hf,grpc,vllm --seconds-per-level 8 --docs-sweep 1 \
+    python3 rerank.py --family "$FAMILY" --systems hf,grpc,vllm --seconds-per-level 6 --docs-sweep 1 \
         --work "/tmp/bw-$FAMILY" --out "$OUT/$FAMILY" 2>&1 | sed -n "/^Rerank,/,\$p"
     python3 -c "import json, rerank; print('\n'.join(json.dumps({'query': q, 'documents': d}) for q, d in rerank.make_requests(4, 20, seed=11)))" > /tmp/queries.jsonl
     for dtype in bfloat16 float32; do

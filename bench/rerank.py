@@ -149,11 +149,21 @@ def _build_bert(scenario: Scenario, target: Path) -> None:
     """A BertForSequenceClassification (ms-marco MiniLM's architecture: token types, absolute
     positions) with a WordPiece tokenizer."""
     import torch
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
     from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
-    vocab = target / "vocab.txt"
-    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *sorted(set(WORDS))]) + "\n")
-    BertTokenizerFast(vocab_file=str(vocab), model_max_length=512).save_pretrained(target)
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab = {w: i for i, w in enumerate([*specials, *sorted({*WORDS, "a", "b", "x", "y", "the", "is", "hello", "world"})])}
+    tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
+    BertTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]", cls_token="[CLS]",
+        mask_token="[MASK]", model_max_length=512,
+    ).save_pretrained(target)
     config = BertConfig(
         vocab_size=30522, hidden_size=scenario.hidden_size, num_hidden_layers=scenario.layers,
         num_attention_heads=scenario.heads, intermediate_size=scenario.intermediate,
