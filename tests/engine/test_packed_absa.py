@@ -1,9 +1,9 @@
 """Packed ABSA on a real engine: every pair of a call in one engine request, on the packed
-ModernBERT (scoring_plugin.packed.families.modernbert).
+ModernBERT and BERT families (scoring_plugin.packed.families).
 
-ONE packed engine, in process, on the demo ModernBERT ABSA checkpoint (local window of 16
-tokens, shorter than most pairs, so the windowed layers matter): packing changes how pairs
-travel, never what they get. Attention kept inside each pair is pinned without an engine in
+ONE packed engine per demo ABSA checkpoint, in process: ModernBERT (local window of 16 tokens,
+shorter than most pairs, so the windowed layers matter) and BERT (token type 1 on the review,
+sent per pair): packing changes how pairs travel, never what they get. Attention kept inside each pair is pinned without an engine in
 `tests/unit/test_absa_packing_plans.py`.
 """
 
@@ -18,7 +18,7 @@ from scoring_plugin.absa.types import AbsaInput, AbsaOutput, AbsaPairInput
 from scoring_plugin.errors import InvalidInputError
 from scoring_plugin.io_processors.absa import AbsaIOProcessor
 from scoring_plugin.io_processors.engine_request import EngineRequest
-from scoring_plugin.packed.plan import LAYOUT_KEY
+from scoring_plugin.packed.plan import LAYOUT_KEY, TYPE_STARTS_KEY
 from scoring_plugin.reference.absa import AbsaReference
 from scoring_server.config import ModelKind, ModelSettings
 from scoring_server.demo.absa import sample_absa_pairs
@@ -31,21 +31,30 @@ PACK_TOKENS = 1024
 PROB_TOLERANCE = 1e-4
 
 
+MODELS = ["absa-modernbert", "absa-bert"]
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def model(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def packed(demo_models: dict[str, ModelSettings]) -> Iterator[InProcessEngine]:
-    """ONE packed ABSA engine for the module (start ~30 s on CPU), shut down at the end."""
+def packed(demo_models: dict[str, ModelSettings], model: str) -> Iterator[InProcessEngine]:
+    """ONE packed ABSA engine per demo model (start ~30 s on CPU), shut down after its tests."""
     settings = ModelSettings(
-        name="absa-modernbert-packed", kind=ModelKind.ABSA, path=demo_models["absa-modernbert"].path,
+        name=f"{model}-packed", kind=ModelKind.ABSA, path=demo_models[model].path,
         dtype="float32", pack_pairs=True, pack_tokens=PACK_TOKENS,
     )
+    assert settings.packs(), settings.unpacked_reason()
     with in_process_engine(settings) as engine:
         assert isinstance(engine.processor, AbsaIOProcessor)
         yield engine
 
 
 @pytest.fixture(scope="module")
-def reference(demo_models: dict[str, ModelSettings]) -> AbsaReference:
-    return AbsaReference(Path(demo_models["absa-modernbert"].path))
+def reference(demo_models: dict[str, ModelSettings], model: str) -> AbsaReference:
+    return AbsaReference(Path(demo_models[model].path))
 
 
 def _analyze(packed: InProcessEngine, pairs: list[tuple[str, str]]) -> tuple[list[EngineRequest], AbsaOutput]:
@@ -75,16 +84,22 @@ def _pairs(count: int, seed: int) -> list[tuple[str, str]]:
     return [(row["aspect"], row["review"]) for row in sample_absa_pairs(count, seed=seed)]
 
 
-@pytest.mark.smoke
+# make test-fast's ABSA smoke is the ModernBERT case alone (one engine start per kind).
+@pytest.mark.parametrize("model", [pytest.param(MODELS[0], marks=pytest.mark.smoke), MODELS[1]], indirect=True)
 def test_one_call_is_one_engine_request_matching_the_reference(
-    packed: InProcessEngine, reference: AbsaReference
+    packed: InProcessEngine, reference: AbsaReference, model: str
 ) -> None:
     pairs = _pairs(8, seed=3)
     requests, output = _analyze(packed, pairs)
     layouts = _layouts(requests)
     assert len(layouts) == 1 and len(layouts[0]) == 1 + len(pairs)
     assert output.engine_requests == 1
-    assert max(layouts[0][1:]) > 2 * 8 + 1, "some pair must outgrow the local window"
+    assert max(layouts[0][1:]) > 2 * 8 + 1, "some pair must outgrow ModernBERT's local window"
+    starts = requests[0].params.extra_kwargs.get(TYPE_STARTS_KEY)
+    if model == "absa-bert":  # type 1 from each pair's review on, as its tokenizer types it
+        assert starts is not None and len(starts) == len(pairs) and all(0 < s < n for s, n in zip(starts, layouts[0][1:]))
+    else:
+        assert starts is None
     _assert_matches(output, reference.analyze(pairs, batch_size=8), "batched")
     for i, pair in enumerate(pairs):  # each alone: a packed request of one pair
         _, alone = _analyze(packed, [pair])
@@ -111,13 +126,18 @@ def test_duplicates_run_once_and_get_identical_results(packed: InProcessEngine) 
         assert (first.label, first.probabilities, first.span) == (again.label, again.probabilities, again.span)
 
 
-def test_vllm_serve_path_sends_plain_pairs(packed: InProcessEngine, reference: AbsaReference) -> None:
+def test_vllm_serve_path_sends_plain_pairs(packed: InProcessEngine, reference: AbsaReference, model: str) -> None:
     """`vllm serve` gives every prompt of a request the same pooling parameters, so there are no
     layouts: pre_process hands over one pair per prompt, which the packed model scores as a
-    request of one pair."""
+    request of one pair. Nor token types: a family that needs them (BERT) is refused there."""
     processor = packed.processor
     pairs = _pairs(4, seed=13)
     request = processor.parse_data({"pairs": [{"aspect": a, "review": r} for a, r in pairs]})
+    if model == "absa-bert":
+        with pytest.raises(ValueError, match="token types"):
+            processor.pre_process(request, "serve-path")
+        assert processor.pending_states == 0
+        return
     prompts = processor.pre_process(request, "serve-path")
     assert len(prompts) == len(pairs)
     params = processor.merge_pooling_params()

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from scoring_plugin.absa.settings import OVERRIDES_KEY, AbsaSettings
 from scoring_plugin.config_sections import DEFAULT_FULL_GRAPH_TOKENS
-from scoring_plugin.packed.families.registry import MODERNBERT_ABSA
+from scoring_plugin.packed.families.registry import BERT_ABSA, MODERNBERT_ABSA
 from scoring_plugin.packed.attention import DevicePlan, PairAttention
 from scoring_plugin.packed.plan import AttentionPlan
 from scoring_server.checkpoints import check_checkpoints
@@ -63,11 +63,12 @@ def test_a_window_needs_bidirectional_attention() -> None:
 # ------------------------------------------------------------------------------------ settings
 
 
-def test_pack_pairs_maps_modernbert_absa_only(
+def test_pack_pairs_maps_each_absa_family_to_its_packed_architecture(
     demo_models: dict[str, ModelSettings], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The packed architecture replaces the checkpoint's; a checkpoint with no packed twin is
-    served unpacked, with the reason named at start; a kind that never packs is refused."""
+    """The packed architecture replaces the checkpoint's, for ModernBERT and BERT ABSA alike; a
+    checkpoint with no packed family (a ColBERT reranker) is served unpacked, with the reason
+    named at start; a kind that never packs is refused."""
     modernbert = ModelSettings(
         name="m", kind=ModelKind.ABSA, path=demo_models["absa-modernbert"].path, dtype="float32", pack_pairs=True
     )
@@ -76,13 +77,17 @@ def test_pack_pairs_maps_modernbert_absa_only(
     assert overrides[OVERRIDES_KEY]["pooler_graphs"] is True
     config = {**modernbert._checkpoint_config(), **overrides}
     assert AbsaSettings.from_hf_config(config).pooler_full_graph_tokens == DEFAULT_FULL_GRAPH_TOKENS
-    bert = modernbert.model_copy(update={"path": demo_models["absa-bert"].path})
-    assert not bert.packs() and "BertForAspectSentiment" in (bert.unpacked_reason() or "")
-    assert "architectures" not in bert.effective_hf_overrides()  # served unpacked, as published
+    bert = modernbert.model_copy(update={"name": "b", "path": demo_models["absa-bert"].path})
+    assert bert.packs() and bert.effective_hf_overrides()["architectures"] == [BERT_ABSA.architecture]
+    colbert = ModelSettings(
+        name="c", kind=ModelKind.RERANK, path=demo_models["colbert"].path, dtype="float32", pack_pairs=True
+    )
+    assert not colbert.packs() and "HF_ColBERT" in (colbert.unpacked_reason() or "")
+    assert "architectures" not in colbert.effective_hf_overrides()  # served unpacked, as published
     assert modernbert.packs() and modernbert.unpacked_reason() is None
     with caplog.at_level(logging.WARNING, logger="scoring_server.checkpoints"):
-        check_checkpoints([bert, modernbert])
-    assert [r.getMessage() for r in caplog.records] == [f"model m: {bert.unpacked_reason()}"]
+        check_checkpoints([bert, modernbert, colbert])
+    assert [r.getMessage() for r in caplog.records] == [f"model c: {colbert.unpacked_reason()}"]
     with pytest.raises(ValueError, match="pack_pairs"):
         ModelSettings(
             name="i", kind=ModelKind.IMAGE_RANK, path=demo_models["image-ranker"].path, dtype="float32",

@@ -12,7 +12,7 @@ from support.servers import REPO, tool_env
 
 KINDS = {  # model kind -> the engine smoke that make test-fast runs for it
     "rerank": "engine/test_packed_rerank.py::test_one_call_is_one_engine_request_scoring_like_the_reference",
-    "absa": "engine/test_packed_absa.py::test_one_call_is_one_engine_request_matching_the_reference",
+    "absa": "engine/test_packed_absa.py::test_one_call_is_one_engine_request_matching_the_reference[absa-modernbert]",
     "image_rank": "engine/test_parity_tool.py::test_image_rank_parity_report",
 }
 

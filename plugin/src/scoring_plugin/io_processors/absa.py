@@ -38,7 +38,7 @@ from scoring_plugin.io_processors.base import ScoringIOProcessor
 from scoring_plugin.io_processors.engine_request import EngineRequest
 from scoring_plugin.packed.families.registry import serving
 from scoring_plugin.models.absa import ABSA_TASK
-from scoring_plugin.packed.plan import LAYOUT_KEY, PACKED_TASK, PackedRequest, pack
+from scoring_plugin.packed.plan import LAYOUT_KEY, PACKED_TASK, TYPE_STARTS_KEY, PackedRequest, pack
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +58,8 @@ class AbsaIOProcessor(ScoringIOProcessor[AbsaInput, AbsaOutput, _RequestState]):
         model_config = vllm_config.model_config
         check_fit(model_config.served_model_name, "absa", as_dict(model_config.hf_config), renderer.get_tokenizer())
         self.settings = AbsaSettings.from_hf_config(model_config.hf_config)
-        self._packed = serving(model_config.hf_config.architectures or []) is not None
+        self._family = serving(model_config.hf_config.architectures or [])
+        self._packed = self._family is not None
         # A packed engine's length limit is per request (all pairs of a call); pairs keep theirs.
         self._request_tokens = int(model_config.max_model_len)
         self.max_model_len = min(self._request_tokens, self.settings.max_pair_tokens or self._request_tokens)
@@ -105,7 +106,15 @@ class AbsaIOProcessor(ScoringIOProcessor[AbsaInput, AbsaOutput, _RequestState]):
             return [EngineRequest.of_tokens(list(p.token_ids), params) for p in state.prompts]
         packed = pack([p.token_ids for p in state.prompts], 0, self._request_tokens)
         self._states.put(request_id, replace(state, packed=packed))
-        return [EngineRequest.of_tokens(r.token_ids, self._pooling_params({LAYOUT_KEY: r.layout})) for r in packed]
+        return [EngineRequest.of_tokens(r.token_ids, self._pooling_params(self._packed_extra(r, state))) for r in packed]
+
+    def _packed_extra(self, request: PackedRequest, state: _RequestState) -> dict[str, Any]:
+        """A packed request's layout and, for a family that reads them (BERT), where each pair's
+        token type 1 starts: at the review, as the tokenizer's pair encoding types it."""
+        extra: dict[str, Any] = {LAYOUT_KEY: request.layout}
+        if self._family is not None and self._family.token_types:
+            extra[TYPE_STARTS_KEY] = [state.prompts[p].review_tokens[0] for p in request.prompts]
+        return extra
 
     def _encode(self, request: AbsaInput) -> _RequestState:
         pairs = flatten(request)
@@ -133,7 +142,12 @@ class AbsaIOProcessor(ScoringIOProcessor[AbsaInput, AbsaOutput, _RequestState]):
         if not self._packed:
             return [r.token_prompt() for r in self.plan(prompt, request_id)]
         # vLLM's path shares one set of pooling parameters, so no layouts: one pair per prompt,
-        # which the packed model reads as a request of one pair.
+        # which the packed model reads as a request of one pair; nor token types.
+        if self._family is not None and self._family.token_types:
+            raise ValueError(
+                "this packed model needs per-pair token types, which vLLM's /pooling path cannot "
+                "carry; serve it with the scoring gRPC server, or unpacked"
+            )
         state = self._encode(prompt)
         self._states.put(request_id, state)
         return [TokensPrompt(prompt_token_ids=list(p.token_ids)) for p in state.prompts]

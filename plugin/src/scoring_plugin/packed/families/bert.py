@@ -1,6 +1,6 @@
-"""BERT-style cross-encoders served packed: BERT and MiniLM (the ms-marco family), and RoBERTa /
-XLM-RoBERTa (the bge-reranker family), every pair of a call in one engine request with
-attention kept inside each pair.
+"""BERT-style encoders served packed, every pair of a call in one engine request with attention
+kept inside each pair: cross-encoders (BERT and MiniLM, the ms-marco family; RoBERTa /
+XLM-RoBERTa, the bge-reranker family) and BERT ABSA models.
 
 What this family declares beyond the shared machinery (:mod:`scoring_plugin.packed`):
 - absolute learned positions, each pair's own from 0, offset by ``padding_idx + 1`` for
@@ -9,8 +9,9 @@ What this family declares beyond the shared machinery (:mod:`scoring_plugin.pack
   puts it; the IO processor sends each segment's start (:data:`~scoring_plugin.packed.plan.TYPE_STARTS_KEY`);
 - post-norm layers (LayerNorm after each residual add), bidirectional attention within a pair,
   a plain (ungated) MLP;
-- the score head on the pair's first token: dense + tanh + linear (BERT's pooler and
-  classifier; RoBERTa's classification head), computed in the head dtype.
+- the heads, in the head dtype: a cross-encoder's score on the pair's first token, dense + tanh
+  + linear (BERT's pooler and classifier; RoBERTa's classification head); or ABSA's sentiment
+  and span heads.
 
 As for every packed family, ``forward`` only embeds the tokens (vLLM hands the per-request
 layout to the pooler alone): the position and type embeddings, which depend on where each pair
@@ -38,6 +39,8 @@ from vllm.tasks import PoolingTask
 from vllm.v1.outputs import PoolerOutput
 from vllm.v1.pool.metadata import PoolingMetadata
 
+from scoring_plugin.absa.heads import AbsaHeads, pack_outputs
+from scoring_plugin.absa.settings import AbsaSettings
 from scoring_plugin.models.loading import load_all_weights
 from scoring_plugin.packed.attention import DevicePlan, PairAttention, step_plan, to_device
 from scoring_plugin.packed.full_graphs import pooler_graphs
@@ -143,31 +146,28 @@ class ClsHead(nn.Module):
         return self.out(torch.tanh(self.dense(first_tokens)))
 
 
-class PackedCrossEncoderScorer(Pooler):
-    """Embeddings, the encoder layers and the score head over the pooled step; on CUDA the
-    layers replay as CUDA graphs (:func:`~scoring_plugin.packed.full_graphs.pooler_graphs`) as
-    ``settings`` asks. Each request's result: [pairs, labels] raw logits."""
+class PackedBertEncoder(nn.Module):
+    """What both BERT poolers run over a packed step: position and type embeddings, then the
+    layers (on CUDA replayed as CUDA graphs, :func:`~scoring_plugin.packed.full_graphs.pooler_graphs`,
+    as the model's settings ask)."""
 
-    def __init__(self, config: Any, vllm_config: VllmConfig, settings: RerankSettings) -> None:
+    def __init__(self, config: Any, vllm_config: VllmConfig, graphs: bool, full_graph_tokens: int,
+                 float32_gemm: str) -> None:
         super().__init__()
         self.position_offset = position_offset(config)
         self.embeddings = PackedBertEmbeddings(config)
-        self.layers = nn.ModuleList(PackedBertLayer(config, f"pooler.layers.{i}") for i in range(config.num_hidden_layers))
-        self.head_dtype = vllm_config.model_config.head_dtype
-        self.head = ClsHead(config.hidden_size, settings.num_labels, self.head_dtype)
+        self.layers = nn.ModuleList(PackedBertLayer(config, f"pooler.encoder.layers.{i}") for i in range(config.num_hidden_layers))
         self.attn_width = self.layers[0].width
         self.graphs = pooler_graphs(
-            list(self.layers), config.hidden_size, self.attn_width, vllm_config,
-            settings.pooler_graphs, settings.pooler_full_graph_tokens,
+            list(self.layers), config.hidden_size, self.attn_width, vllm_config, graphs, full_graph_tokens
         )
         self.max_tokens = vllm_config.scheduler_config.max_num_batched_tokens
-        self.float32_gemm = settings.pooler_float32_gemm
+        self.float32_gemm = float32_gemm
         self._kernels_chosen = False
 
-    def get_supported_tasks(self) -> Set[PoolingTask]:
-        return {PACKED_TASK}
-
-    def forward(self, hidden_states: torch.Tensor, pooling_metadata: PoolingMetadata) -> PoolerOutput:
+    def forward(self, words: torch.Tensor, pooling_metadata: PoolingMetadata) -> tuple[torch.Tensor, DevicePlan, list[int]]:
+        """The last layer's output for every token of the step, the plan on the device, and
+        each request's token count. ``words``: the step's word embeddings (``forward``'s)."""
         counts, layouts, host_plan = step_plan(
             pooling_metadata, "a packed request arrived in pieces; chunked prefill must be off"
         )
@@ -178,24 +178,64 @@ class PackedCrossEncoderScorer(Pooler):
             choose_mlp_fusions(list(self.layers), self.max_tokens)
             self._kernels_chosen = True
         types = token_types([p.extra_kwargs for p in pooling_metadata.pooling_params], layouts, host_plan.positions)
-        positions, types_on_device = to_device([host_plan.positions + self.position_offset, types], hidden_states.device)
+        positions, types_on_device = to_device([host_plan.positions + self.position_offset, types], words.device)
         # Anything past the scheduled tokens is padding: never part of a result.
-        hidden = self.embeddings(hidden_states[: sum(counts)], positions, types_on_device)
+        hidden = self.embeddings(words[: sum(counts)], positions, types_on_device)
         hidden, _, plan = run_layers(list(self.layers), self.graphs, hidden, host_plan, self.attn_width)
-        # With no head, query group g is segment g: its first row is the pair's first token.
-        logits = self.head(hidden.index_select(0, plan.cu_q[:-1].long()).to(self.head_dtype))
-        return list(logits.float().split(host_plan.segments))
+        return hidden, plan, counts
 
 
-def _mapper(model_type: str) -> WeightsMapper:
-    """The checkpoint's names -> ours: the encoder's layers and embeddings under the pooler (the
-    word table stays in the model, for ``forward``), the heads under ``pooler.head``."""
-    encoder = _ENCODER_PREFIX[model_type]
-    heads = (
-        {f"{encoder}.pooler.dense.": "pooler.head.dense.", "classifier.": "pooler.head.out."}
-        if encoder == "bert"
-        else {"classifier.dense.": "pooler.head.dense.", "classifier.out_proj.": "pooler.head.out."}
-    )
+def first_tokens(hidden: torch.Tensor, plan: DevicePlan) -> torch.Tensor:
+    """Each pair's first token: with no shared head, query group g is segment g."""
+    return hidden.index_select(0, plan.cu_q[:-1].long())
+
+
+class PackedCrossEncoderScorer(Pooler):
+    """The encoder and the score head; each request's result: [pairs, labels] raw logits."""
+
+    def __init__(self, config: Any, vllm_config: VllmConfig, settings: RerankSettings) -> None:
+        super().__init__()
+        self.encoder = PackedBertEncoder(
+            config, vllm_config, settings.pooler_graphs, settings.pooler_full_graph_tokens, settings.pooler_float32_gemm
+        )
+        self.head_dtype = vllm_config.model_config.head_dtype
+        self.head = ClsHead(config.hidden_size, settings.num_labels, self.head_dtype)
+
+    def get_supported_tasks(self) -> Set[PoolingTask]:
+        return {PACKED_TASK}
+
+    def forward(self, hidden_states: torch.Tensor, pooling_metadata: PoolingMetadata) -> PoolerOutput:
+        hidden, plan, _ = self.encoder(hidden_states, pooling_metadata)
+        logits = self.head(first_tokens(hidden, plan).to(self.head_dtype))
+        return list(logits.float().split(plan.plan.segments))
+
+
+class PackedBertAbsaPooler(Pooler):
+    """The encoder and both ABSA heads; each request's result holds both for all its pairs
+    (:func:`~scoring_plugin.absa.heads.pack_outputs`)."""
+
+    def __init__(self, config: Any, vllm_config: VllmConfig, settings: AbsaSettings) -> None:
+        super().__init__()
+        self.encoder = PackedBertEncoder(
+            config, vllm_config, settings.pooler_graphs, settings.pooler_full_graph_tokens, settings.pooler_float32_gemm
+        )
+        self.head_dtype = vllm_config.model_config.head_dtype
+        self.heads = AbsaHeads(config.hidden_size, config.num_labels, dtype=self.head_dtype)
+
+    def get_supported_tasks(self) -> Set[PoolingTask]:
+        return {PACKED_TASK}
+
+    def forward(self, hidden_states: torch.Tensor, pooling_metadata: PoolingMetadata) -> PoolerOutput:
+        hidden, plan, counts = self.encoder(hidden_states, pooling_metadata)
+        hidden = hidden.to(self.head_dtype)
+        sentiment = self.heads.sentiment_logits(first_tokens(hidden, plan))
+        span = self.heads.span_logits(hidden)
+        return [pack_outputs(s, t) for s, t in zip(sentiment.split(plan.plan.segments), span.split(counts))]
+
+
+def _mapper(encoder: str, heads: dict[str, str]) -> WeightsMapper:
+    """The checkpoint's names -> ours: the encoder's layers and embeddings under the pooler's
+    encoder (the word table stays in the model, for ``forward``), ``heads`` as given."""
     return WeightsMapper(
         orig_to_new_substr={
             ".attention.output.dense.": ".attn_out.",
@@ -213,25 +253,30 @@ def _mapper(model_type: str) -> WeightsMapper:
             f"{encoder}.embeddings.word_embeddings.": "word_embeddings.",
             f"{encoder}.embeddings.position_ids": None,
             f"{encoder}.embeddings.token_type_ids": None,
-            f"{encoder}.embeddings.": "pooler.embeddings.",
-            f"{encoder}.encoder.layer.": "pooler.layers.",
+            f"{encoder}.embeddings.": "pooler.encoder.embeddings.",
+            f"{encoder}.encoder.layer.": "pooler.encoder.layers.",
             **heads,
         },
     )
 
 
 @attn_type("attention_free")
-class PackedBertForSequenceClassification(nn.Module, IsAttentionFree):
+class _PackedBertModel(nn.Module, IsAttentionFree):
+    """The word lookup (``forward``) and weight loading both packed BERT models share; the
+    pooler runs the rest."""
+
     is_pooling_model = True
     packed_modules_mapping = {"qkv_proj": ["query", "key", "value"]}
+    pooler: Pooler
 
-    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+    def __init__(self, vllm_config: VllmConfig) -> None:
         super().__init__()
         config = vllm_config.model_config.hf_config
         check_packable(config)
-        self.model_type = config.model_type
         self.word_embeddings = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.pooler = PackedCrossEncoderScorer(config, vllm_config, RerankSettings.from_hf_config(config))
+
+    def mapper(self) -> WeightsMapper:
+        raise NotImplementedError
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.word_embeddings(input_ids)
@@ -250,4 +295,31 @@ class PackedBertForSequenceClassification(nn.Module, IsAttentionFree):
         return self.word_embeddings(input_ids)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        return load_all_weights(self, weights, _mapper(self.model_type))
+        return load_all_weights(self, weights, self.mapper())
+
+
+class PackedBertForSequenceClassification(_PackedBertModel):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__(vllm_config)
+        config = vllm_config.model_config.hf_config
+        self.encoder_prefix = _ENCODER_PREFIX[config.model_type]
+        self.pooler = PackedCrossEncoderScorer(config, vllm_config, RerankSettings.from_hf_config(config))
+
+    def mapper(self) -> WeightsMapper:
+        encoder = self.encoder_prefix
+        if encoder == "bert":  # BERT's pooler and classifier
+            return _mapper(encoder, {f"{encoder}.pooler.dense.": "pooler.head.dense.", "classifier.": "pooler.head.out."})
+        # RoBERTa's classification head
+        return _mapper(encoder, {"classifier.dense.": "pooler.head.dense.", "classifier.out_proj.": "pooler.head.out."})
+
+
+class PackedBertForAspectSentiment(_PackedBertModel):
+    """Same checkpoint as ``BertForAspectSentiment`` (no BERT pooler; the ABSA heads)."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__(vllm_config)
+        config = vllm_config.model_config.hf_config
+        self.pooler = PackedBertAbsaPooler(config, vllm_config, AbsaSettings.from_hf_config(config))
+
+    def mapper(self) -> WeightsMapper:
+        return _mapper("bert", {"heads.": "pooler.heads."})

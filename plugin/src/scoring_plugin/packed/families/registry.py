@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from scoring_plugin.models import ABSA_MODERNBERT_ARCHITECTURE, PAIR_BERT_ARCHITECTURE
+from scoring_plugin.models import ABSA_BERT_ARCHITECTURE, ABSA_MODERNBERT_ARCHITECTURE, PAIR_BERT_ARCHITECTURE
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +64,15 @@ MODERNBERT_ABSA = PackedFamily(
     shares_head=False,
     token_types=False,
 )
-FAMILIES = (QWEN3, BERT, MODERNBERT_ABSA)
+BERT_ABSA = PackedFamily(
+    architecture="ScoringPackedBertForAspectSentiment",
+    model="scoring_plugin.packed.families.bert:PackedBertForAspectSentiment",
+    kind="absa",
+    serves=(ABSA_BERT_ARCHITECTURE,),
+    shares_head=False,
+    token_types=True,
+)
+FAMILIES = (QWEN3, BERT, MODERNBERT_ABSA, BERT_ABSA)
 PACKED_KINDS = tuple(sorted({f.kind for f in FAMILIES}))
 
 
