@@ -15,6 +15,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import (
     BertForSequenceClassification,
     BertModel,
+    ModernBertConfig,
+    ModernBertForSequenceClassification,
     PreTrainedTokenizerFast,
     XLMRobertaConfig,
     XLMRobertaForSequenceClassification,
@@ -112,6 +114,27 @@ def xlmr_cross_encoder(num_labels: int, activation: str | None = None, *, legacy
         )
         XLMRobertaForSequenceClassification(config).eval().save_pretrained(target)
         _st_section(target, activation, legacy)
+
+    return build
+
+
+def modernbert_cross_encoder(num_labels: int, pooling: str, seed: int = 14) -> Callable[[Path], None]:
+    """gte-reranker-modernbert's architecture: local and global layers (a window shorter than
+    most pairs), rotary positions, pooled by the first token or the mean as `pooling` says."""
+
+    def build(target: Path) -> None:
+        from scoring_server.demo.absa import build_bpe_tokenizer
+
+        tokenizer = build_bpe_tokenizer(target, extra_corpus=_CORPUS)
+        _seeded(seed)
+        config = ModernBertConfig(
+            vocab_size=len(tokenizer), hidden_size=128, intermediate_size=192, num_hidden_layers=3,
+            num_attention_heads=2, max_position_embeddings=MAX_MODEL_LEN, global_attn_every_n_layers=3,
+            local_attention=16, initializer_range=0.2, num_labels=num_labels, classifier_pooling=pooling,
+            pad_token_id=tokenizer.pad_token_id, cls_token_id=tokenizer.cls_token_id,
+            sep_token_id=tokenizer.sep_token_id, bos_token_id=None, eos_token_id=None,
+        )
+        ModernBertForSequenceClassification(config).eval().save_pretrained(target)
 
     return build
 

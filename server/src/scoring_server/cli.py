@@ -50,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--pack-pairs",
         action="store_true",
         default=None,
-        help="Qwen3 cross-encoders: every pair of a call in one engine request",
+        help="models with a packed family (Qwen3, BERT, XLM-R and ModernBERT cross-encoders; ModernBERT and BERT ABSA): every pair of a call in one engine request",
     )
     parser.add_argument("--gpu-memory-utilization", type=float)
     parser.add_argument("--hf-overrides", type=json.loads, help="JSON object for vLLM")

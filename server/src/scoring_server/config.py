@@ -66,7 +66,7 @@ class ModelSettings(BaseModel):
     # On the CPU backend this is a fraction of host memory, so the default stays small.
     gpu_memory_utilization: float = Field(default=0.05, gt=0, le=1)
     hf_overrides: dict[str, Any] = Field(default_factory=dict)
-    # Qwen3 cross-encoders and ModernBERT ABSA models: every pair of a call in one engine
+    # Models with a packed family (scoring_plugin.packed.families.registry): every pair of a call in one engine
     # request, attention kept inside each pair, a reranker's shared prompt head computed once
     # (scoring_plugin.packed.plan). `max_model_len` stays the per-pair limit (capped at
     # `pack_tokens`); a packed request holds up to `pack_tokens` tokens (larger calls take several).

@@ -1,7 +1,8 @@
-"""A ModernBERT ABSA model that analyses every pair of a packed request (see
-:mod:`scoring_plugin.packed.plan`) with attention kept inside each pair.
-
-Same checkpoint as ``ModernBertForAspectSentiment``. One pair per engine request pays vLLM's
+"""ModernBERT models that score every pair of a packed request (see
+:mod:`scoring_plugin.packed.plan`) with attention kept inside each pair: ABSA (same checkpoint as
+``ModernBertForAspectSentiment``) and cross-encoders (``ModernBertForSequenceClassification``,
+gte-reranker-modernbert style, pooled by the pair's first token or its mean as the checkpoint
+says). One pair per engine request pays vLLM's
 per-request path once per pair and can split a call over several engine steps; packed, a call
 is one request and one step. As in :mod:`scoring_plugin.packed.families.qwen3`, ``forward``
 only embeds (the layout of a request reaches the pooler alone) and the pooler runs the encoder:
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 from transformers import ModernBertConfig
+from transformers.activations import ACT2FN
 from vllm.config import VllmConfig
 from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.model_executor.layers.activation import GeluAndMul
@@ -48,6 +50,7 @@ from scoring_plugin.packed.mlp_fusions import (
 )
 from scoring_plugin.packed.attention import DevicePlan, PairAttention, step_plan
 from scoring_plugin.packed.plan import PACKED_TASK
+from scoring_plugin.rerank.settings import RerankSettings
 
 if TYPE_CHECKING:  # imports Triton, which only the CUDA paths need
     from scoring_plugin.packed.gate_up_activation import GateUpActivation
@@ -169,39 +172,34 @@ class PackedModernBertLayer(nn.Module):
         return self._post_attention, self.attn.Wo
 
 
-class PackedAbsaPooler(Pooler):
-    """The encoder layers, the final norm and both ABSA heads, run over the pooled step; on CUDA
-    the layers replay as CUDA graphs (:func:`~scoring_plugin.packed.full_graphs.pooler_graphs`) as ``settings`` asks."""
+class PackedModernBertEncoder(nn.Module):
+    """The encoder layers and the final norm over a packed step, what both ModernBERT poolers
+    run; on CUDA the layers replay as CUDA graphs
+    (:func:`~scoring_plugin.packed.full_graphs.pooler_graphs`) as the model's settings ask."""
 
-    def __init__(
-        self, config: ModernBertConfig, prefix: str, vllm_config: VllmConfig, settings: AbsaSettings
-    ) -> None:
+    def __init__(self, config: ModernBertConfig, vllm_config: VllmConfig, graphs: bool, full_graph_tokens: int,
+                 float32_gemm: str) -> None:
         super().__init__()
         self.layers = nn.ModuleList(
-            PackedModernBertLayer(config, i, f"{prefix}.layers.{i}") for i in range(config.num_hidden_layers)
+            PackedModernBertLayer(config, i, f"pooler.encoder.layers.{i}") for i in range(config.num_hidden_layers)
         )
         self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
-        head_dtype = vllm_config.model_config.head_dtype
-        self.heads = AbsaHeads(config.hidden_size, config.num_labels, dtype=head_dtype)
-        self.head_dtype = head_dtype
         self.attn_width = self.layers[0].attn.width
         self.graphs = pooler_graphs(
-            list(self.layers), config.hidden_size, self.attn_width, vllm_config,
-            settings.pooler_graphs, settings.pooler_full_graph_tokens,
+            list(self.layers), config.hidden_size, self.attn_width, vllm_config, graphs, full_graph_tokens
         )
         self.max_tokens = vllm_config.scheduler_config.max_num_batched_tokens
-        self.float32_gemm = settings.pooler_float32_gemm
+        self.float32_gemm = float32_gemm
         self._fusions_chosen = False
 
-    def get_supported_tasks(self) -> Set[PoolingTask]:
-        return {PACKED_TASK}
-
-    def forward(self, hidden_states: torch.Tensor, pooling_metadata: PoolingMetadata) -> PoolerOutput:
+    def forward(self, hidden_states: torch.Tensor, pooling_metadata: PoolingMetadata) -> tuple[torch.Tensor, DevicePlan, list[int]]:
+        """The final norm's output for every token of the step, the plan on the device, and
+        each request's token count."""
         counts, layouts, host_plan = step_plan(
-            pooling_metadata, "a packed ABSA request arrived in pieces; chunked prefill must be off"
+            pooling_metadata, "a packed request arrived in pieces; chunked prefill must be off"
         )
         if any(layout[0] for layout in layouts):
-            raise ValueError("packed ABSA requests have no shared head: every segment is a whole pair")
+            raise ValueError("packed ModernBERT requests have no shared head: every segment is a whole pair")
         if not self._fusions_chosen:  # the first step: vLLM's profiling run, before any capture
             choose_float32_gemms(list(self.layers), self.max_tokens, self.float32_gemm)
             choose_mlp_fusions(list(self.layers), self.max_tokens)
@@ -209,22 +207,80 @@ class PackedAbsaPooler(Pooler):
         # Anything past the scheduled tokens is padding: never part of a result.
         hidden_states = hidden_states[: sum(counts)]
         hidden, _, plan = run_layers(list(self.layers), self.graphs, hidden_states, host_plan, self.attn_width)
-        hidden = self.final_norm(hidden).to(self.head_dtype)
+        return self.final_norm(hidden), plan, counts
+
+
+class PackedAbsaPooler(Pooler):
+    """The encoder and both ABSA heads; each request's result holds both for all its pairs."""
+
+    def __init__(self, config: ModernBertConfig, vllm_config: VllmConfig, settings: AbsaSettings) -> None:
+        super().__init__()
+        self.encoder = PackedModernBertEncoder(
+            config, vllm_config, settings.pooler_graphs, settings.pooler_full_graph_tokens, settings.pooler_float32_gemm
+        )
+        self.head_dtype = vllm_config.model_config.head_dtype
+        self.heads = AbsaHeads(config.hidden_size, config.num_labels, dtype=self.head_dtype)
+
+    def get_supported_tasks(self) -> Set[PoolingTask]:
+        return {PACKED_TASK}
+
+    def forward(self, hidden_states: torch.Tensor, pooling_metadata: PoolingMetadata) -> PoolerOutput:
+        hidden, plan, counts = self.encoder(hidden_states, pooling_metadata)
+        hidden = hidden.to(self.head_dtype)
         # With no head, query group g is segment g: its first row is the pair's [CLS].
         sentiment = self.heads.sentiment_logits(hidden.index_select(0, plan.cu_q[:-1].long()))
         span = self.heads.span_logits(hidden)
-        pairs = [len(layout) - 1 for layout in layouts]
-        return [pack_outputs(s, t) for s, t in zip(sentiment.split(pairs), span.split(counts))]
+        return [pack_outputs(s, t) for s, t in zip(sentiment.split(plan.plan.segments), span.split(counts))]
 
 
-_MAPPER = WeightsMapper(
-    orig_to_new_prefix={
-        "model.embeddings.": "embeddings.",
-        "model.layers.": "pooler.layers.",
-        "model.final_norm.": "pooler.final_norm.",
-        "heads.": "pooler.heads.",
-    },
-)
+class PredictionHead(nn.Module):
+    """ModernBERT's classification head before the classifier: dense, activation, LayerNorm."""
+
+    def __init__(self, config: ModernBertConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias, dtype=dtype)
+        self.act = ACT2FN[config.classifier_activation]
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias, dtype=dtype)
+
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.act(self.dense(pooled)))
+
+
+class PackedModernBertScorer(Pooler):
+    """The encoder, each pair pooled as the checkpoint's ``classifier_pooling`` says (its first
+    token, or the mean of its tokens), the head and the classifier, in the head dtype; each
+    request's result: [pairs, labels] raw logits."""
+
+    def __init__(self, config: ModernBertConfig, vllm_config: VllmConfig, settings: RerankSettings) -> None:
+        super().__init__()
+        if config.classifier_pooling not in ("cls", "mean"):
+            raise ValueError(f"packed ModernBERT pools 'cls' or 'mean', the checkpoint's classifier_pooling is "
+                             f"{config.classifier_pooling!r}")
+        self.mean = config.classifier_pooling == "mean"
+        self.encoder = PackedModernBertEncoder(
+            config, vllm_config, settings.pooler_graphs, settings.pooler_full_graph_tokens, settings.pooler_float32_gemm
+        )
+        self.head_dtype = vllm_config.model_config.head_dtype
+        self.head = PredictionHead(config, self.head_dtype)
+        self.classifier = nn.Linear(config.hidden_size, settings.num_labels, dtype=self.head_dtype)
+
+    def get_supported_tasks(self) -> Set[PoolingTask]:
+        return {PACKED_TASK}
+
+    def forward(self, hidden_states: torch.Tensor, pooling_metadata: PoolingMetadata) -> PoolerOutput:
+        hidden, plan, _ = self.encoder(hidden_states, pooling_metadata)
+        hidden = hidden.to(self.head_dtype)
+        if self.mean:
+            lengths = plan.cu_q.diff().long()
+            segment = torch.repeat_interleave(
+                torch.arange(len(lengths), device=hidden.device), lengths, output_size=hidden.shape[0]
+            )
+            sums = hidden.new_zeros(len(lengths), hidden.shape[1]).index_add_(0, segment, hidden)
+            pooled = sums / lengths.unsqueeze(1).to(hidden.dtype)
+        else:  # with no head, query group g is segment g: its first row is the pair's [CLS]
+            pooled = hidden.index_select(0, plan.cu_q[:-1].long())
+        logits = self.classifier(self.head(pooled))
+        return list(logits.float().split(plan.plan.segments))
 
 
 class PackedModernBertEmbeddings(nn.Module):
@@ -237,15 +293,33 @@ class PackedModernBertEmbeddings(nn.Module):
         return self.norm(self.tok_embeddings(input_ids))
 
 
-@attn_type("attention_free")
-class PackedModernBertForAspectSentiment(nn.Module, IsAttentionFree):
-    is_pooling_model = True
+def _mapper(heads: dict[str, str]) -> WeightsMapper:
+    """The checkpoint's names -> ours: the embeddings stay in the model (``forward``), the layers
+    and final norm go under the pooler's encoder, ``heads`` as given."""
+    return WeightsMapper(
+        orig_to_new_prefix={
+            "model.embeddings.": "embeddings.",
+            "model.layers.": "pooler.encoder.layers.",
+            "model.final_norm.": "pooler.encoder.final_norm.",
+            **heads,
+        },
+    )
 
-    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+
+@attn_type("attention_free")
+class _PackedModernBertModel(nn.Module, IsAttentionFree):
+    """The embeddings (``forward``) and weight loading both packed ModernBERT models share; the
+    pooler runs the rest."""
+
+    is_pooling_model = True
+    pooler: Pooler
+
+    def __init__(self, vllm_config: VllmConfig) -> None:
         super().__init__()
-        config: ModernBertConfig = vllm_config.model_config.hf_config
-        self.embeddings = PackedModernBertEmbeddings(config)
-        self.pooler = PackedAbsaPooler(config, "pooler", vllm_config, AbsaSettings.from_hf_config(config))
+        self.embeddings = PackedModernBertEmbeddings(vllm_config.model_config.hf_config)
+
+    def mapper(self) -> WeightsMapper:
+        raise NotImplementedError
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embeddings.tok_embeddings(input_ids)
@@ -264,4 +338,27 @@ class PackedModernBertForAspectSentiment(nn.Module, IsAttentionFree):
         return self.embeddings(input_ids)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        return load_all_weights(self, weights, _MAPPER)
+        return load_all_weights(self, weights, self.mapper())
+
+
+class PackedModernBertForAspectSentiment(_PackedModernBertModel):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__(vllm_config)
+        config: ModernBertConfig = vllm_config.model_config.hf_config
+        self.pooler = PackedAbsaPooler(config, vllm_config, AbsaSettings.from_hf_config(config))
+
+    def mapper(self) -> WeightsMapper:
+        return _mapper({"heads.": "pooler.heads."})
+
+
+class PackedModernBertForSequenceClassification(_PackedModernBertModel):
+    """Same checkpoint as ``ModernBertForSequenceClassification`` (gte-reranker-modernbert style
+    cross-encoders)."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__(vllm_config)
+        config: ModernBertConfig = vllm_config.model_config.hf_config
+        self.pooler = PackedModernBertScorer(config, vllm_config, RerankSettings.from_hf_config(config))
+
+    def mapper(self) -> WeightsMapper:
+        return _mapper({"head.": "pooler.head.", "classifier.": "pooler.classifier."})

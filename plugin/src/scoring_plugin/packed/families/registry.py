@@ -56,6 +56,14 @@ BERT = PackedFamily(
     shares_head=False,
     token_types=True,
 )
+MODERNBERT = PackedFamily(
+    architecture="ScoringPackedModernBertForSequenceClassification",
+    model="scoring_plugin.packed.families.modernbert:PackedModernBertForSequenceClassification",
+    kind="rerank",
+    serves=("ModernBertForSequenceClassification",),
+    shares_head=False,
+    token_types=False,
+)
 MODERNBERT_ABSA = PackedFamily(
     architecture="ScoringPackedModernBertForAspectSentiment",
     model="scoring_plugin.packed.families.modernbert:PackedModernBertForAspectSentiment",
@@ -72,7 +80,7 @@ BERT_ABSA = PackedFamily(
     shares_head=False,
     token_types=True,
 )
-FAMILIES = (QWEN3, BERT, MODERNBERT_ABSA, BERT_ABSA)
+FAMILIES = (QWEN3, BERT, MODERNBERT, MODERNBERT_ABSA, BERT_ABSA)
 PACKED_KINDS = tuple(sorted({f.kind for f in FAMILIES}))
 
 
