@@ -54,6 +54,7 @@ from harness import (
     log,
     mib,
     offline_rate,
+    packing_settings,
     pooling_sender,
     ratio,
     run_systems,
@@ -172,7 +173,7 @@ async def grpc_target(
     inline_plan_items: int | None = None, matmul_precision: str | None = None, site: str | None = None,
 ) -> AsyncIterator[Target]:
     """Our server, ready; ``name`` its files' (``absa-<name>-server.log``). ``full_graph_tokens``
-    its ``pack_full_graph_tokens``, ``inline_plan_items`` and ``matmul_precision``
+    its ``packing.full_graph_tokens``, ``inline_plan_items`` and ``matmul_precision``
     (``float32_matmul_precision``) its settings of those names (None: their defaults). The
     client sends its calls over ``channels`` connections in turn (None: harness.channel_count).
     ``site``: a directory of other builds of our packages, imported by the server before the
@@ -189,10 +190,12 @@ async def grpc_target(
     settings: dict[str, Any] = {
         "name": "absa", "kind": "absa", "path": str(model), "dtype": scenario.dtype,
         "max_model_len": 512, "gpu_memory_utilization": scenario.gpu_memory_utilization,
-        "engine_args": engine_args, "pack_pairs": packed, "pack_tokens": scenario.pack_tokens,
+        "engine_args": engine_args,
     }
+    packing = {"enabled": packed, "pack_tokens": scenario.pack_tokens}
     if full_graph_tokens is not None:
-        settings["pack_full_graph_tokens"] = full_graph_tokens
+        packing["full_graph_tokens"] = full_graph_tokens
+    settings.update(packing_settings(packing, site))
     if matmul_precision is not None:
         settings["float32_matmul_precision"] = matmul_precision
     write_server_config(config, port, [settings], metrics_port=metrics_port, frontends=frontends,

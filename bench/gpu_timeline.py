@@ -133,7 +133,7 @@ async def run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
     from scoring_plugin.rerank.types import RerankDocumentInput, RerankInput
 
-    from scoring_server.config import ModelSettings
+    from scoring_server.config import ModelSettings, PackingSettings
     from scoring_server.parity.plugin_path import started
 
     scenario = CPU_SMOKE if args.cpu_smoke else GPU
@@ -153,8 +153,8 @@ async def run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         engine_args["kv_cache_memory_bytes"] = 64 * 1024 * 1024
     settings = ModelSettings(
         name="reranker", path=str(model), dtype=scenario.dtype, rerank_mode="cross_encoder", max_model_len=512,
-        gpu_memory_utilization=scenario.gpu_memory_utilization, pack_pairs=True,
-        pack_tokens=args.pack_tokens or scenario.pack_tokens, engine_args=engine_args,
+        gpu_memory_utilization=scenario.gpu_memory_utilization,
+        packing=PackingSettings(enabled=True, pack_tokens=args.pack_tokens or scenario.pack_tokens), engine_args=engine_args,
     )
     docs = args.docs or scenario.docs_per_request
     requests = [(q, d[:docs]) for q, d in make_requests(256, docs, seed=1)]
@@ -177,7 +177,7 @@ async def run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     report = {
         "conditions": conditions(),
         "scenario": scenario.name, "dtype": scenario.dtype, "docs_per_request": docs,
-        "concurrency": args.concurrency, "pack_tokens": settings.pack_tokens, "seconds": args.seconds,
+        "concurrency": args.concurrency, "pack_tokens": settings.packing.pack_tokens, "seconds": args.seconds,
         "pairs_per_s": level.items_per_s, "errors": level.errors, "trace": files[-1].name,
         "timeline": {**asdict(result), "busy_fraction": result.busy_fraction},
     }

@@ -211,6 +211,20 @@ def start(command: list[str], log_path: Path, environment: dict[str, str] | None
     return subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
 
+# The model settings' flat packing keys before the `packing:` section (04f504e and earlier read
+# only these): a base build is configured in the form it reads.
+_FLAT_PACKING = {"enabled": "pack_pairs", "pack_tokens": "pack_tokens", "graphs": "pack_graphs",
+                 "full_graph_tokens": "pack_full_graph_tokens"}
+
+
+def packing_settings(packing: dict[str, Any], site: str | None) -> dict[str, Any]:
+    """A model's packing settings for our server: the `packing:` section, or for a base build
+    (``site``, as :func:`site_environment`) the flat keys every build so far reads."""
+    if site is None:
+        return {"packing": packing}
+    return {_FLAT_PACKING[key]: value for key, value in packing.items()}
+
+
 def site_environment(site: str | None) -> dict[str, str] | None:
     """For :func:`start`: a server that imports from ``site`` (a directory another build of our
     packages was installed to with ``pip install --target``) before anything installed, to

@@ -2,7 +2,8 @@
 vs Hugging Face, one run.
 
 Same model (Qwen3-0.6B-shaped sequence classifier by default; `--family bert` an ms-marco
-MiniLM-L-12-shaped BERT cross-encoder, `--family xlmr` a bge-reranker-v2-m3-shaped XLM-R large
+MiniLM-L-12-shaped BERT cross-encoder, `--family xlmr` a bge-reranker-v2-m3-shaped XLM-R large,
+`--family modernbert` a gte-reranker-modernbert-base-shaped ModernBERT
 one; random weights: speed does not depend on weight values), same generated inputs (queries of 3-8 terms, documents of 20-110 terms, 20
 documents per request), same dtype, same GPU. The bench tokenizer knows every word as one
 token and a term is two words, so a pair is ~150 tokens as with a real tokenizer on real text;
@@ -53,6 +54,7 @@ from harness import (
     log,
     mib,
     offline_rate,
+    packing_settings,
     pooling_sender,
     ratio,
     run_systems,
@@ -132,6 +134,12 @@ FAMILIES = {
         Scenario("xlmr-tiny", "float32", 64, 2, 2, 2, 32, 128, 4, [1, 2], 2.0, True, 0.05, 8, True, 2048,
                  family="xlmr", smoke=True),
     ),
+    "modernbert": (
+        Scenario("gte-reranker-modernbert-base-shaped", "bfloat16", 768, 22, 12, 12, 64, 1152, 20, [1, 16, 64], 15.0,
+                 False, 0.5, 128, family="modernbert"),
+        Scenario("modernbert-tiny", "float32", 64, 3, 2, 2, 32, 128, 4, [1, 2], 2.0, True, 0.05, 8, True, 2048,
+                 family="modernbert", smoke=True),
+    ),
 }
 
 
@@ -141,7 +149,8 @@ def build_model(scenario: Scenario, target: Path) -> Path:
     if (target / "config.json").exists():
         return target
     target.mkdir(parents=True, exist_ok=True)
-    {"qwen3": _build_qwen3, "bert": _build_bert, "xlmr": _build_xlmr}[scenario.family](scenario, target)
+    builders = {"qwen3": _build_qwen3, "bert": _build_bert, "xlmr": _build_xlmr, "modernbert": _build_modernbert}
+    builders[scenario.family](scenario, target)
     return target
 
 
@@ -201,6 +210,27 @@ def _build_xlmr(scenario: Scenario, target: Path) -> None:
     )
     torch.manual_seed(0)
     XLMRobertaForSequenceClassification(config).to(getattr(torch, scenario.dtype)).save_pretrained(target)
+
+
+def _build_modernbert(scenario: Scenario, target: Path) -> None:
+    """A ModernBertForSequenceClassification (gte-reranker-modernbert's architecture: a global
+    layer every third, the others within a 128-token window, rotary positions, mean pooling)
+    with ModernBERT's tokenizer family (byte-level BPE, [CLS] A [SEP] B [SEP])."""
+    import torch
+    from transformers import ModernBertConfig, ModernBertForSequenceClassification
+
+    from scoring_server.demo.absa import build_bpe_tokenizer
+
+    tokenizer = build_bpe_tokenizer(target, extra_corpus=[" ".join(WORDS)] * 8)
+    config = ModernBertConfig(
+        vocab_size=50368, hidden_size=scenario.hidden_size, intermediate_size=scenario.intermediate,
+        num_hidden_layers=scenario.layers, num_attention_heads=scenario.heads, max_position_embeddings=8192,
+        global_attn_every_n_layers=3, local_attention=128, global_rope_theta=160000.0, local_rope_theta=10000.0,
+        num_labels=1, classifier_pooling="mean", pad_token_id=tokenizer.pad_token_id,
+        cls_token_id=tokenizer.cls_token_id, sep_token_id=tokenizer.sep_token_id, bos_token_id=None, eos_token_id=None,
+    )
+    torch.manual_seed(0)
+    ModernBertForSequenceClassification(config).to(getattr(torch, scenario.dtype)).save_pretrained(target)
 
 
 def _build_qwen3(scenario: Scenario, target: Path) -> None:
@@ -281,12 +311,12 @@ async def grpc_reranker(model: Path, scenario: Scenario, work: Path, name: str =
         "name": "reranker", "path": str(model), "dtype": scenario.dtype,
         "rerank_mode": "cross_encoder", "max_model_len": 512,
         "gpu_memory_utilization": scenario.gpu_memory_utilization,
-        "pack_pairs": scenario.pack_pairs, "pack_tokens": scenario.pack_tokens,
-        "pack_graphs": scenario.pack_graphs,
         "engine_args": {"enforce_eager": scenario.enforce_eager, **scenario.grpc_engine_args},
     }
+    packing = {"enabled": scenario.pack_pairs, "pack_tokens": scenario.pack_tokens, "graphs": scenario.pack_graphs}
     if scenario.pack_full_graph_tokens is not None:
-        settings["pack_full_graph_tokens"] = scenario.pack_full_graph_tokens
+        packing["full_graph_tokens"] = scenario.pack_full_graph_tokens
+    settings.update(packing_settings(packing, scenario.server_site))
     if scenario.float32_matmul_precision is not None:
         settings["float32_matmul_precision"] = scenario.float32_matmul_precision
     write_server_config(config, port, [settings], metrics_port=metrics_port,

@@ -107,6 +107,31 @@ def test_rerank_bench_serves_qwen3_reranker_as_published(tmp_path: Path) -> None
     assert "| grpc (ours) | 3 | 1 |" in done.stdout
 
 
+@pytest.mark.parametrize(("family", "architecture", "packed"), [
+    ("bert", "BertForSequenceClassification", "ScoringPackedBertForSequenceClassification"),
+    ("xlmr", "XLMRobertaForSequenceClassification", "ScoringPackedBertForSequenceClassification"),
+    ("modernbert", "ModernBertForSequenceClassification", "ScoringPackedModernBertForSequenceClassification"),
+])
+def test_rerank_bench_builds_and_serves_each_packed_family(
+    tmp_path: Path, family: str, architecture: str, packed: str
+) -> None:
+    """--family: the family's architecture and tokenizer, served packed by ours (the `family`
+    runs of h200_rerank.sh), every call answered, the tokens each pair holds as ours counts them
+    matching what the tokenizer makes of what was sent."""
+    out = tmp_path / "results"
+    _bench("rerank.py", "--cpu-smoke", "--family", family, "--systems", "grpc", "--concurrency", "1",
+           "--docs-sweep", "", "--out", str(out), "--work", str(tmp_path / "work"), "--docs", "3")
+    (report_file,) = out.glob("*.json")
+    report = json.loads(report_file.read_text())
+    model = tmp_path / "work" / f"model-{report['scenario']['name']}"
+    assert json.loads((model / "config.json").read_text())["architectures"] == [architecture]
+    assert f"ready ({packed})" in (tmp_path / "work" / "grpc-server.log").read_text()
+    (level,) = report["levels"]
+    assert level["errors"] == 0 and level["requests"] > 0
+    sent = _sent_tokens_per_pair(model, level["items_per_request"], level["requests"])
+    assert abs(level["tokens_per_item"] - sent) < 0.05 * sent
+
+
 def test_reference_dtype_check_cpu_smoke(tmp_path: Path) -> None:
     """The reference run in bf16 against itself in fp32 on the rerank check's inputs: the
     report counts orderings and the widest swapped gap, which can never exceed twice the

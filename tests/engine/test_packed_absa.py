@@ -44,7 +44,7 @@ def packed(demo_models: dict[str, ModelSettings], model: str) -> Iterator[InProc
     """ONE packed ABSA engine per demo model (start ~30 s on CPU), shut down after its tests."""
     settings = ModelSettings(
         name=f"{model}-packed", kind=ModelKind.ABSA, path=demo_models[model].path,
-        dtype="float32", pack_pairs=True, pack_tokens=PACK_TOKENS,
+        dtype="float32", packing={"enabled": True, "pack_tokens": PACK_TOKENS},
     )
     assert settings.packs(), settings.unpacked_reason()
     with in_process_engine(settings) as engine:

@@ -65,8 +65,8 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     path = tmp_path_factory.mktemp(variant.name)
     variant.build(path)
     settings = ModelSettings(
-        name=variant.name, kind="rerank", path=str(path), dtype="float32", pack_pairs=True,
-        pack_tokens=PACK_TOKENS, **variant.settings,
+        name=variant.name, kind="rerank", path=str(path), dtype="float32",
+        packing={"enabled": True, "pack_tokens": PACK_TOKENS}, **variant.settings,
     )
     assert settings.packs() and settings.packed_architecture() == FAMILIES[variant.name.split("-")[0]].architecture
     with in_process_engine(settings) as engine:

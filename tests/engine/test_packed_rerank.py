@@ -59,7 +59,7 @@ def packed(demo_models: dict[str, ModelSettings]) -> Iterator[InProcessEngine]:
     """ONE packed engine for the module (start ~30 s on CPU), shut down at the end."""
     settings = ModelSettings(
         name="qwen3-seq-cls-packed", path=demo_models["qwen3-seq-cls"].path, dtype="float32",
-        pack_pairs=True, pack_tokens=PACK_TOKENS,
+        packing={"enabled": True, "pack_tokens": PACK_TOKENS},
     )
     with in_process_engine(settings) as engine:
         assert isinstance(engine.processor, RerankerIOProcessor)
@@ -209,7 +209,7 @@ def test_per_pair_limit_is_the_checkpoints_capped_by_pack_tokens(packed: InProce
     position limit (512, not pack_tokens), but must also fit one packed request, so with
     pack_tokens=256 < 512 the advertised per-pair limit is 256."""
     assert packed.processor._request_tokens == PACK_TOKENS
-    assert packed.processor.settings.max_pair_tokens == 512
+    assert packed.processor.settings.packing.max_pair_tokens == 512
     assert packed.processor.max_model_len == min(PACK_TOKENS, 512)
 
 

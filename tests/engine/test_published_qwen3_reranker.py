@@ -36,7 +36,7 @@ def settings(demo_models: dict[str, ModelSettings]) -> ModelSettings:
     published = demo_models["qwen3-reranker"]
     assert published.hf_overrides == {}, "the demo serves it as published"
     return ModelSettings(
-        name="qwen3-reranker-packed", path=published.path, dtype="float32", pack_pairs=True, pack_tokens=256
+        name="qwen3-reranker-packed", path=published.path, dtype="float32", packing={"enabled": True, "pack_tokens": 256}
     )
 
 

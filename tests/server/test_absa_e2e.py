@@ -14,6 +14,7 @@ import pytest
 from support.servers import RunningServer, grpcurl
 from scoring.v1 import absa_pb2, absa_pb2_grpc, common_pb2
 from scoring_client import AnalyzeResult, ScoringClient, ScoringError
+from scoring_plugin.packed.settings import DEFAULT_FULL_GRAPH_TOKENS
 from scoring_plugin.reference.absa import AbsaReference
 from scoring_server.demo.absa import LABELS, sample_absa_pairs
 
@@ -167,6 +168,11 @@ def test_default_model_and_info(client: ScoringClient) -> None:
         assert info.max_items_per_request == 256 and info.max_review_chars == 8000
         assert info.architecture.endswith("ForAspectSentiment")
     assert by_name["absa-bert"].is_default and not by_name["absa-modernbert"].is_default
+    # The demo packs ModernBERT ABSA (its `packing:` section, as GetInfo reports it) and not BERT's.
+    packed, unpacked = by_name["absa-modernbert"].packing, by_name["absa-bert"].packing
+    assert packed.enabled and packed.packed and not packed.unpacked_reason
+    assert (packed.pack_tokens, packed.graphs, packed.full_graph_tokens) == (8192, True, DEFAULT_FULL_GRAPH_TOKENS)
+    assert not unpacked.enabled and not unpacked.packed
     assert client.health("scoring.v1.AbsaService/absa-modernbert") == "SERVING"
 
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from scoring_plugin.absa.settings import OVERRIDES_KEY, AbsaSettings
-from scoring_plugin.config_sections import DEFAULT_FULL_GRAPH_TOKENS
+from scoring_plugin.packed.settings import DEFAULT_FULL_GRAPH_TOKENS
 from scoring_plugin.packed.families.registry import BERT_ABSA, MODERNBERT_ABSA
 from scoring_plugin.packed.attention import DevicePlan, PairAttention
 from scoring_plugin.packed.plan import AttentionPlan
@@ -63,24 +63,25 @@ def test_a_window_needs_bidirectional_attention() -> None:
 # ------------------------------------------------------------------------------------ settings
 
 
-def test_pack_pairs_maps_each_absa_family_to_its_packed_architecture(
+def test_packing_maps_each_absa_family_to_its_packed_architecture(
     demo_models: dict[str, ModelSettings], caplog: pytest.LogCaptureFixture
 ) -> None:
     """The packed architecture replaces the checkpoint's, for ModernBERT and BERT ABSA alike; a
     checkpoint with no packed family (a ColBERT reranker) is served unpacked, with the reason
     named at start; a kind that never packs is refused."""
     modernbert = ModelSettings(
-        name="m", kind=ModelKind.ABSA, path=demo_models["absa-modernbert"].path, dtype="float32", pack_pairs=True
+        name="m", kind=ModelKind.ABSA, path=demo_models["absa-modernbert"].path, dtype="float32",
+        packing={"enabled": True},
     )
     overrides = modernbert.effective_hf_overrides()
     assert overrides["architectures"] == [MODERNBERT_ABSA.architecture]
-    assert overrides[OVERRIDES_KEY]["pooler_graphs"] is True
+    assert overrides[OVERRIDES_KEY]["packing"]["graphs"] is True
     config = {**modernbert._checkpoint_config(), **overrides}
-    assert AbsaSettings.from_hf_config(config).pooler_full_graph_tokens == DEFAULT_FULL_GRAPH_TOKENS
+    assert AbsaSettings.from_hf_config(config).packing.full_graph_tokens == DEFAULT_FULL_GRAPH_TOKENS
     bert = modernbert.model_copy(update={"name": "b", "path": demo_models["absa-bert"].path})
     assert bert.packs() and bert.effective_hf_overrides()["architectures"] == [BERT_ABSA.architecture]
     colbert = ModelSettings(
-        name="c", kind=ModelKind.RERANK, path=demo_models["colbert"].path, dtype="float32", pack_pairs=True
+        name="c", kind=ModelKind.RERANK, path=demo_models["colbert"].path, dtype="float32", packing={"enabled": True}
     )
     assert not colbert.packs() and "HF_ColBERT" in (colbert.unpacked_reason() or "")
     assert "architectures" not in colbert.effective_hf_overrides()  # served unpacked, as published
@@ -88,8 +89,8 @@ def test_pack_pairs_maps_each_absa_family_to_its_packed_architecture(
     with caplog.at_level(logging.WARNING, logger="scoring_server.checkpoints"):
         check_checkpoints([bert, modernbert, colbert])
     assert [r.getMessage() for r in caplog.records] == [f"model c: {colbert.unpacked_reason()}"]
-    with pytest.raises(ValueError, match="pack_pairs"):
+    with pytest.raises(ValueError, match="packing.enabled"):
         ModelSettings(
             name="i", kind=ModelKind.IMAGE_RANK, path=demo_models["image-ranker"].path, dtype="float32",
-            pack_pairs=True,
+            packing={"enabled": True},
         )

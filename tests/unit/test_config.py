@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from scoring_plugin.models import TF32X3
 from scoring_plugin.rerank.settings import RerankSettings
 from scoring_server.cli import parse_args, settings_from_args
-from scoring_server.config import FLOAT32_MATMUL_PRECISIONS, ModelSettings, ServerSettings
+from scoring_server.config import FLOAT32_MATMUL_PRECISIONS, ModelSettings, PackingSettings, ServerSettings
 from scoring_server.engines import engine_environment, environment
 
 
@@ -156,17 +156,17 @@ def test_tf32x3_is_packed_float32_only_and_keeps_vllms_matmuls_ieee(monkeypatch:
     with pytest.raises(ValidationError, match="packed models"):
         ModelSettings(name="u", path="/u", dtype="float32", float32_matmul_precision="tf32x3")
     with pytest.raises(ValidationError, match="float32 only"):
-        ModelSettings(name="b", path="/b", dtype="bfloat16", pack_pairs=True, float32_matmul_precision="tf32x3")
+        ModelSettings(name="b", path="/b", dtype="bfloat16", packing={"enabled": True}, float32_matmul_precision="tf32x3")
 
     monkeypatch.setenv("VLLM_FLOAT32_MATMUL_PRECISION", "high")  # stray: must not reach a model
-    strict = ModelSettings(name="s", path=str(tmp_path), dtype="float32", pack_pairs=True)
+    strict = ModelSettings(name="s", path=str(tmp_path), dtype="float32", packing={"enabled": True})
     for settings, precision, gemm in ((tf32x3, "highest", TF32X3), (strict, "highest", "cublas")):
         with engine_environment(environment(settings)):
             assert os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] == precision
         # the plugin hears of it through the model's config section, not the environment
         section = settings.effective_hf_overrides()["scoring_rerank_overrides"]
         assert RerankSettings.from_hf_config({**json.loads((tmp_path / "config.json").read_text()),
-                                              "scoring_rerank_overrides": section}).pooler_float32_gemm == gemm
+                                              "scoring_rerank_overrides": section}).packing.float32_gemm == gemm
 
 
 def test_every_matmul_precision_is_reported_by_getinfo_as_its_own_value() -> None:
@@ -204,7 +204,7 @@ def test_a_published_qwen3_reranker_is_served_as_published(tmp_path: Path) -> No
     overrides = model.effective_hf_overrides()
     assert overrides["architectures"] == ["Qwen3ForSequenceClassification"]
     assert overrides["classifier_from_token"] == ["no", "yes"] and overrides["is_original_qwen3_reranker"]
-    packed = model.model_copy(update={"pack_pairs": True}).effective_hf_overrides()
+    packed = model.model_copy(update={"packing": PackingSettings(enabled=True)}).effective_hf_overrides()
     assert packed["architectures"] == ["ScoringPackedQwen3ForSequenceClassification"]
     own = {"architectures": ["Qwen3ForSequenceClassification"]}
     assert ModelSettings(name="r", path=str(tmp_path), dtype="bfloat16", hf_overrides=own).conversion() is None

@@ -14,7 +14,9 @@ import torch
 import torch.nn.functional as F
 from scoring_plugin.packed.attention import DevicePlan, PairAttention
 from scoring_plugin.packed.plan import LAYOUT_KEY, AttentionPlan, layout_of, pack
-from scoring_server.config import ModelSettings
+from scoring_plugin.packed.settings import PackedSettings
+from scoring_plugin.rerank.settings import RerankSettings
+from scoring_server.config import ModelSettings, PackingSettings
 from scoring_server.engines import engine_args
 
 # ------------------------------------------------------------------------------------------ pack()
@@ -265,45 +267,77 @@ def test_config_advertises_the_checkpoints_positions(demo_models: dict[str, Mode
     from scoring_plugin.rerank.settings import OVERRIDES_KEY
 
     path = demo_models["qwen3-seq-cls"].path
-    settings = ModelSettings(name="q", path=path, dtype="float32", pack_pairs=True, pack_tokens=PACK_TOKENS)
+    settings = ModelSettings(name="q", path=path, dtype="float32", packing={"enabled": True, "pack_tokens": PACK_TOKENS})
     overrides = settings.effective_hf_overrides()
     assert overrides["architectures"] == [QWEN3.architecture]
-    assert overrides[OVERRIDES_KEY]["max_pair_tokens"] == 512
+    assert overrides[OVERRIDES_KEY]["packing"]["max_pair_tokens"] == 512
     explicit = settings.model_copy(update={"max_model_len": 128})
-    assert explicit.effective_hf_overrides()[OVERRIDES_KEY]["max_pair_tokens"] == 128
+    assert explicit.effective_hf_overrides()[OVERRIDES_KEY]["packing"]["max_pair_tokens"] == 128
 
 
-def test_pack_graphs_reaches_the_model_settings(demo_models: dict[str, ModelSettings]) -> None:
-    """`pack_graphs` (default on) travels to the plugin's settings, which the packed model reads
-    to decide on CUDA graphs for its layers."""
-    from scoring_plugin.rerank.settings import RerankSettings
+def _served(settings: ModelSettings) -> RerankSettings:
+    """The plugin's settings for these model settings, as the engine reads them."""
+    return RerankSettings.from_hf_config({**settings._checkpoint_config(), **settings.effective_hf_overrides()})
 
+
+def test_the_packing_section_reaches_the_plugin_whole(demo_models: dict[str, ModelSettings]) -> None:
+    """Every value of `packing:` the engine needs travels in one entry of the model's
+    hf_overrides section and comes out as the plugin's PackedSettings."""
     path = demo_models["qwen3-seq-cls"].path
-    on = ModelSettings(name="q", path=path, dtype="float32", pack_pairs=True)
-    off = on.model_copy(update={"pack_graphs": False})
-    for settings, expected in ((on, True), (off, False)):
-        config = {**settings._checkpoint_config(), **settings.effective_hf_overrides()}
-        assert RerankSettings.from_hf_config(config).pooler_graphs is expected
+    default = ModelSettings(name="q", path=path, dtype="float32", packing={"enabled": True})
+    assert _served(default).packing == PackedSettings(max_pair_tokens=512)
+    tuned = ModelSettings(
+        name="q", path=path, dtype="float32", float32_matmul_precision="tf32x3",
+        packing={"enabled": True, "graphs": False, "full_graph_tokens": 0},
+    )
+    assert _served(tuned).packing == PackedSettings(max_pair_tokens=512, graphs=False, full_graph_tokens=0,
+                                                    float32_gemm="tf32x3")
+    assert _served(ModelSettings(name="q", path=path, dtype="float32")).packing == PackedSettings()
 
 
-def test_pack_full_graph_tokens_reaches_the_model_settings(demo_models: dict[str, ModelSettings]) -> None:
-    """How large a step replays as one whole graph travels like `pack_graphs`; 0 turns whole-step
-    graphs off, a negative size fails on either side."""
+def test_the_packing_section_is_validated_with_its_field_named(demo_models: dict[str, ModelSettings]) -> None:
+    """Bad values and unknown keys fail at start, naming the field, on either side."""
     from pydantic import ValidationError
-    from scoring_plugin.config_sections import DEFAULT_FULL_GRAPH_TOKENS
-    from scoring_plugin.rerank.settings import CONFIG_KEY, RerankSettings
+    from scoring_plugin.rerank.settings import CONFIG_KEY
 
     path = demo_models["qwen3-seq-cls"].path
-    default = ModelSettings(name="q", path=path, dtype="float32", pack_pairs=True)
-    for settings, expected in ((default, DEFAULT_FULL_GRAPH_TOKENS),
-                               (default.model_copy(update={"pack_full_graph_tokens": 0}), 0)):
-        config = {**settings._checkpoint_config(), **settings.effective_hf_overrides()}
-        assert RerankSettings.from_hf_config(config).pooler_full_graph_tokens == expected
-    with pytest.raises(ValidationError, match="pack_full_graph_tokens"):
-        ModelSettings(name="q", path=path, dtype="float32", pack_pairs=True, pack_full_graph_tokens=-1)
-    config = {**default._checkpoint_config(), CONFIG_KEY: {"pooler_full_graph_tokens": -1}}
-    with pytest.raises(ValueError, match="pooler_full_graph_tokens must be >= 0"):
-        RerankSettings.from_hf_config(config)
+    for packing, field in (({"full_graph_tokens": -1}, "packing.full_graph_tokens"),
+                           ({"pack_tokens": 8}, "packing.pack_tokens"), ({"graph": False}, "packing.graph")):
+        with pytest.raises(ValidationError, match=field.replace(".", r"\.")):
+            ModelSettings(name="q", path=path, dtype="float32", packing=packing)
+    with pytest.raises(ValidationError, match="packing.enabled applies to"):
+        ModelSettings(name="i", kind="image_rank", path=path, dtype="float32", packing={"enabled": True})
+    checkpoint = ModelSettings(name="q", path=path, dtype="float32")._checkpoint_config()
+    for packing, message in (({"full_graph_tokens": -1}, "packing.full_graph_tokens must be >= 0"),
+                             ({"float32_gemm": "tf32"}, "packing.float32_gemm must be one of"),
+                             ({"graph": False}, "unknown keys")):
+        with pytest.raises(ValueError, match=message):
+            RerankSettings.from_hf_config({**checkpoint, CONFIG_KEY: {"packing": packing}})
+
+
+def test_the_flat_packing_keys_still_work_for_one_release(
+    demo_models: dict[str, ModelSettings], caplog: pytest.LogCaptureFixture
+) -> None:
+    """`pack_pairs`, `pack_tokens`, `pack_graphs` and `pack_full_graph_tokens` are read into
+    `packing:` with a warning that names the replacement; given beside `packing:` they fail."""
+    from pydantic import ValidationError
+
+    path = demo_models["qwen3-seq-cls"].path
+    with caplog.at_level("WARNING", logger="scoring_server.config"):
+        flat = ModelSettings(name="old", path=path, dtype="float32", pack_pairs=True, pack_tokens=PACK_TOKENS,
+                             pack_graphs=False, pack_full_graph_tokens=0)
+    assert flat.packing == PackingSettings(enabled=True, pack_tokens=PACK_TOKENS, graphs=False, full_graph_tokens=0)
+    (record,) = [r for r in caplog.records if "deprecated" in r.getMessage()]
+    assert "'old'" in record.getMessage() and '"enabled": true' in record.getMessage()
+    assert flat.effective_hf_overrides() == ModelSettings(
+        name="new", path=path, dtype="float32",
+        packing={"enabled": True, "pack_tokens": PACK_TOKENS, "graphs": False, "full_graph_tokens": 0},
+    ).effective_hf_overrides()
+    with pytest.raises(ValidationError, match="give only `packing:`"):
+        ModelSettings(name="both", path=path, dtype="float32", pack_pairs=True, packing={"enabled": True})
+    caplog.clear()
+    ModelSettings(name="new", path=path, dtype="float32", packing={"enabled": True})
+    assert not [r for r in caplog.records if "deprecated" in r.getMessage()]
 
 
 def test_packed_engine_asks_for_async_scheduling_unless_told_otherwise(demo_models: dict[str, ModelSettings]) -> None:
@@ -312,7 +346,7 @@ def test_packed_engine_asks_for_async_scheduling_unless_told_otherwise(demo_mode
     is asked, so its effect (and parity with it on) is checked on the GPU, by
     bench/rerank_check.py."""
     path = demo_models["qwen3-seq-cls"].path
-    settings = ModelSettings(name="q", path=path, dtype="float32", pack_pairs=True)
+    settings = ModelSettings(name="q", path=path, dtype="float32", packing={"enabled": True})
     assert engine_args(settings).async_scheduling is True
     off = settings.model_copy(update={"engine_args": {"async_scheduling": False}})
     assert engine_args(off).async_scheduling is False
@@ -348,3 +382,18 @@ def test_token_types_start_at_each_segments_second_segment() -> None:
     assert types.tolist() == [0, 0, 1, 1, 0, 1, 1, 0, 0]
     with pytest.raises(ValueError, match="second-segment starts"):
         token_types([{TYPE_STARTS_KEY: [2]}, None], layouts, plan.positions)
+
+
+def test_the_readmes_packing_example_is_valid_settings() -> None:
+    """The `packing:` example in the README is what the server accepts, value for value."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    blocks = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", readme, re.S) if "packing:" in b]
+    assert blocks, "the README shows a packing: section"
+    for block in blocks:
+        for model in block["models"]:
+            assert PackingSettings(**model["packing"]) == PackingSettings(enabled=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from scoring_plugin.image_rank.settings import OVERRIDES_KEY as IMAGE_RANK_OVERRIDES_KEY
 from scoring_server.checkpoints import UnservableModel, check_checkpoints
-from scoring_server.config import FLOAT32_MATMUL_PRECISIONS, ModelKind, ModelSettings, ServerSettings
+from scoring_server.config import FLOAT32_MATMUL_PRECISIONS, ModelKind, ModelSettings, PackingSettings, ServerSettings
 
 DEFAULT_DEMO_DIR = Path(os.environ.get("SCORING_DEMO_DIR", ".demo-models"))
 
@@ -145,7 +145,7 @@ def _settings_from_args(args: argparse.Namespace) -> ServerSettings:
         "score_label": args.score_label,
         "max_items_per_request": args.max_items_per_request,
         "max_model_len": args.max_model_len,
-        "pack_pairs": args.pack_pairs,
+        "packing": PackingSettings(enabled=True) if args.pack_pairs else None,
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "float32_matmul_precision": args.float32_matmul_precision,
         "hf_overrides": args.hf_overrides,

@@ -8,6 +8,7 @@ response reports it.
 from __future__ import annotations
 
 import json
+import logging
 from enum import Enum
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -17,10 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scoring_plugin.absa.settings import OVERRIDES_KEY as ABSA_OVERRIDES_KEY
-from scoring_plugin.config_sections import DEFAULT_FULL_GRAPH_TOKENS
 from scoring_plugin.image_rank.settings import OVERRIDES_KEY as IMAGE_RANK_OVERRIDES_KEY
 from scoring_plugin.models import TF32X3
 from scoring_plugin.packed.families.registry import PACKED_KINDS, family_for, packable
+from scoring_plugin.packed.settings import DEFAULT_FULL_GRAPH_TOKENS, FLOAT32_GEMMS, SECTION_KEY as PACKING_KEY
 from scoring_plugin.rerank.settings import OVERRIDES_KEY as RERANK_OVERRIDES_KEY
 from scoring_plugin.rerank.published import Conversion, reranker_conversion
 from scoring_plugin.rerank.settings import RerankMode
@@ -38,6 +39,34 @@ class ModelKind(str, Enum):
     RERANK = "rerank"
     ABSA = "absa"
     IMAGE_RANK = "image_rank"
+
+
+class PackingSettings(BaseModel):
+    """How a model with a packed family (scoring_plugin.packed.families.registry) is served: every
+    pair of a call in one engine request, attention kept inside each pair, a reranker's shared
+    prompt head computed once (scoring_plugin.packed.plan). A model's `packing:` section; it
+    reaches the engine as the `packing` entry of the kind's hf_overrides section
+    (scoring_plugin.packed.settings), and GetInfo reports it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+    # A packed engine request holds up to this many tokens (larger calls take several); the
+    # model's `max_model_len` stays the per-pair limit, capped at it.
+    pack_tokens: int = Field(default=8192, ge=64)
+    # On CUDA the packed layers replay as CUDA graphs; False keeps them eager.
+    graphs: bool = True
+    # With graphs: steps up to this many tokens replay as one graph, attention included (the
+    # host-bound small steps); 0 replays every step piecewise.
+    full_graph_tokens: int = Field(default=DEFAULT_FULL_GRAPH_TOKENS, ge=0)
+
+
+# The flat keys `packing:` replaced, and their place in it; read for one release, with a warning.
+DEPRECATED_PACKING_KEYS = {
+    "pack_pairs": "enabled", "pack_tokens": "pack_tokens", "pack_graphs": "graphs",
+    "pack_full_graph_tokens": "full_graph_tokens",
+}
+_log = logging.getLogger(__name__)
 
 
 class ModelSettings(BaseModel):
@@ -66,17 +95,7 @@ class ModelSettings(BaseModel):
     # On the CPU backend this is a fraction of host memory, so the default stays small.
     gpu_memory_utilization: float = Field(default=0.05, gt=0, le=1)
     hf_overrides: dict[str, Any] = Field(default_factory=dict)
-    # Models with a packed family (scoring_plugin.packed.families.registry): every pair of a call in one engine
-    # request, attention kept inside each pair, a reranker's shared prompt head computed once
-    # (scoring_plugin.packed.plan). `max_model_len` stays the per-pair limit (capped at
-    # `pack_tokens`); a packed request holds up to `pack_tokens` tokens (larger calls take several).
-    pack_pairs: bool = False
-    pack_tokens: int = Field(default=8192, ge=64)
-    # On CUDA the packed model replays its layers as CUDA graphs; False keeps them eager.
-    pack_graphs: bool = True
-    # With pack_graphs: steps up to this many tokens replay as one graph, attention included
-    # (the host-bound small steps); 0 replays every step piecewise.
-    pack_full_graph_tokens: int = Field(default=DEFAULT_FULL_GRAPH_TOKENS, ge=0)
+    packing: PackingSettings = Field(default_factory=PackingSettings)
     # How a float32 model's matmuls run on the GPU (vLLM's VLLM_FLOAT32_MATMUL_PRECISION, which
     # the server sets for this model's engine whatever its own environment holds): "highest" is
     # IEEE fp32; "high" TF32 tensor cores (fp32 storage and accumulation, 10-bit mantissa
@@ -92,6 +111,25 @@ class ModelSettings(BaseModel):
     engine_args: dict[str, Any] = Field(default_factory=dict)
     default: bool = False
 
+    @model_validator(mode="before")
+    @classmethod
+    def _deprecated_packing_keys(cls, values: Any) -> Any:
+        if not isinstance(values, dict):
+            return values
+        flat = {key: values[key] for key in DEPRECATED_PACKING_KEYS if key in values}
+        if not flat:
+            return values
+        name = values.get("name", "?")
+        if PACKING_KEY in values:
+            raise ValueError(f"model {name!r}: {sorted(flat)} are the deprecated form of `packing:`; give only `packing:`")
+        moved = {DEPRECATED_PACKING_KEYS[key]: value for key, value in flat.items()}
+        _log.warning(
+            "model %r: %s are deprecated and will be removed in the next release; write `packing: %s`",
+            name, ", ".join(sorted(flat)), json.dumps(moved),
+        )
+        rest = {key: value for key, value in values.items() if key not in flat}
+        return {**rest, PACKING_KEY: moved}
+
     @field_validator("score_label")
     @classmethod
     def _label_index(cls, value: int | str | None) -> int | str | None:
@@ -103,8 +141,8 @@ class ModelSettings(BaseModel):
         for field in ("rerank_mode", "rerank_activation", "score_label"):
             if getattr(self, field) is not None and self.kind is not ModelKind.RERANK:
                 raise ValueError(f"{field} applies to rerank models only")
-        if self.pack_pairs and self.kind.value not in PACKED_KINDS:
-            raise ValueError(f"pack_pairs applies to {list(PACKED_KINDS)} models only")
+        if self.packing.enabled and self.kind.value not in PACKED_KINDS:
+            raise ValueError(f"packing.enabled applies to {list(PACKED_KINDS)} models only")
         if self.max_queued_items < self.max_items_per_request:
             raise ValueError("max_queued_items must admit at least one full request")
         if self.float32_matmul_precision != "highest" and self.dtype != "float32":
@@ -112,8 +150,8 @@ class ModelSettings(BaseModel):
                 f"float32_matmul_precision {self.float32_matmul_precision!r} applies to dtype float32 only "
                 f"(this model is {self.dtype})"
             )
-        if self.float32_matmul_precision == TF32X3 and not self.pack_pairs:
-            raise ValueError("float32_matmul_precision 'tf32x3' applies to packed models (pack_pairs) only")
+        if self.float32_matmul_precision == TF32X3 and not self.packing.enabled:
+            raise ValueError("float32_matmul_precision 'tf32x3' applies to packed models (packing.enabled) only")
         return self
 
     def served_matmul_precision(self) -> str | None:
@@ -149,15 +187,22 @@ class ModelSettings(BaseModel):
             key, own = ABSA_OVERRIDES_KEY, {"max_pairs": self.max_items_per_request}
         else:
             key, own = IMAGE_RANK_OVERRIDES_KEY, {"max_images": self.max_items_per_request}
-        packed = self.packed_architecture() if self.pack_pairs else None
+        packed = self.packed_architecture() if self.packing.enabled else None
         if packed is not None:
             overrides["architectures"] = [packed]
-            own["max_pair_tokens"] = self.max_pair_tokens()
-            own["pooler_graphs"] = self.pack_graphs
-            own["pooler_full_graph_tokens"] = self.pack_full_graph_tokens
-            own["pooler_float32_gemm"] = TF32X3 if self.float32_matmul_precision == TF32X3 else "cublas"
+            own[PACKING_KEY] = self.engine_packing()
         overrides[key] = {**(overrides.get(key) or {}), **own}
         return overrides
+
+    def engine_packing(self) -> dict[str, Any]:
+        """The `packing` entry of the kind's hf_overrides section: what the packed model and its IO
+        processor read (scoring_plugin.packed.settings.PackedSettings)."""
+        return {
+            "max_pair_tokens": self.max_pair_tokens(),
+            "graphs": self.packing.graphs,
+            "full_graph_tokens": self.packing.full_graph_tokens,
+            "float32_gemm": TF32X3 if self.float32_matmul_precision == TF32X3 else FLOAT32_GEMMS[0],
+        }
 
     def packed_architecture(self) -> str | None:
         """The plugin architecture that serves this checkpoint packed; None when it has none."""
@@ -167,14 +212,14 @@ class ModelSettings(BaseModel):
     def packs(self) -> bool:
         """Whether this model is served packed: asked for, and its architecture has a packed
         twin. One that has none is served unpacked (`unpacked_reason` says why, at start)."""
-        return self.pack_pairs and self.packed_architecture() is not None
+        return self.packing.enabled and self.packed_architecture() is not None
 
     def unpacked_reason(self) -> str | None:
         """Why a model that asked for packing is served unpacked, or None."""
-        if not self.pack_pairs or self.packs():
+        if not self.packing.enabled or self.packs():
             return None
         return (
-            f"pack_pairs: the checkpoint is {self.checkpoint_architectures()}, and {self.kind.value} packs "
+            f"packing.enabled: the checkpoint is {self.checkpoint_architectures()}, and {self.kind.value} packs "
             f"{packable(self.kind.value)} only; served unpacked (one engine request per pair)"
         )
 
@@ -182,7 +227,7 @@ class ModelSettings(BaseModel):
         """A packed model's per-pair limit: the configured one, else the checkpoint's positions."""
         if self.max_model_len is not None:
             return self.max_model_len
-        return int(self._checkpoint_config().get("max_position_embeddings") or self.pack_tokens)
+        return int(self._checkpoint_config().get("max_position_embeddings") or self.packing.pack_tokens)
 
     def served_config(self) -> dict[str, Any]:
         """The checkpoint's config as its engine will see it: the deployment's overrides set

@@ -161,10 +161,10 @@ def _packed_engine_args(settings: ModelSettings) -> dict[str, object]:
     the compiled forward would be an embedding lookup only, while eager mode turns vLLM's fused
     kernels (RMSNorm, rotary, SiLU) on for the transformer that runs in the pooler. (A checkpoint
     that cannot be packed is served unpacked; `ModelSettings.unpacked_reason` says why, at start.)"""
-    batched = int(settings.engine_args.get("max_num_batched_tokens") or settings.pack_tokens)
+    batched = int(settings.engine_args.get("max_num_batched_tokens") or settings.packing.pack_tokens)
     return {
-        "max_model_len": settings.pack_tokens,
-        "max_num_batched_tokens": max(batched, settings.pack_tokens),
+        "max_model_len": settings.packing.pack_tokens,
+        "max_num_batched_tokens": max(batched, settings.packing.pack_tokens),
         "enable_chunked_prefill": False,
         "enable_prefix_caching": False,
         "enforce_eager": True,
@@ -218,7 +218,7 @@ def environment(settings: ModelSettings) -> dict[str, str]:
     engine's own processes: vLLM's settings that exist only as variables). The fp32 matmul
     precision is always set: a stray variable in the server's environment must not change what a
     float32 model computes. With "tf32x3" the plugin replaces the projections' GEMMs (told through
-    the model's config section, `pooler_float32_gemm`) and every other matmul stays IEEE."""
+    the model's config section, `packing.float32_gemm`) and every other matmul stays IEEE."""
     base = _PACKED_ENVIRONMENT if settings.packs() else _KIND_ENVIRONMENT.get(settings.kind, {})
     tf32x3 = settings.float32_matmul_precision == TF32X3
     return {**base, "VLLM_FLOAT32_MATMUL_PRECISION": "highest" if tf32x3 else settings.float32_matmul_precision}

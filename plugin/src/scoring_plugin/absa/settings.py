@@ -11,13 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scoring_plugin.config_sections import (
-    DEFAULT_FULL_GRAPH_TOKENS,
     as_dict,
-    float32_gemm,
-    full_graph_tokens,
     overrides_key,
     read_section,
 )
+from scoring_plugin.packed.settings import PackedSettings
 
 CONFIG_KEY = "scoring_absa"
 OVERRIDES_KEY = overrides_key(CONFIG_KEY)
@@ -37,14 +35,8 @@ class AbsaSettings:
     fallback_label: str | None = None
     # Spans scoring below this (start x end probability) are not returned.
     min_span_score: float = 0.0
-    # Packed engines (every pair of a call in one request): the per-pair token limit, since the
-    # engine's own limit is per packed request; and whether CUDA graphs run the pooler's layers.
-    max_pair_tokens: int | None = None
-    pooler_graphs: bool = True
-    # With pooler_graphs: steps up to this many tokens replay whole, attention included (0: off).
-    pooler_full_graph_tokens: int = DEFAULT_FULL_GRAPH_TOKENS
-    # A packed float32 model's projection GEMMs (config_sections.FLOAT32_GEMMS).
-    pooler_float32_gemm: str = "cublas"
+    # A packed model's settings (scoring_plugin.packed.settings); the defaults for any other.
+    packing: PackedSettings = PackedSettings()
 
     @classmethod
     def from_hf_config(cls, hf_config: Any) -> AbsaSettings:
@@ -58,13 +50,11 @@ class AbsaSettings:
             raise ValueError(f"id2label ids must be 0..n-1, got {ids}")
         labels = tuple(str(id2label[i] if i in id2label else id2label[str(i)]) for i in ids)
         known = {k: own[k] for k in ("max_pairs", "max_aspect_chars", "max_review_chars",
-                                     "max_span_tokens", "fallback_label", "min_span_score",
-                                     "max_pair_tokens", "pooler_graphs")
+                                     "max_span_tokens", "fallback_label", "min_span_score")
                  if k in own}
         settings = cls(
             labels=labels, thresholds=dict(own.get("thresholds") or {}),
-            pooler_full_graph_tokens=full_graph_tokens(own, CONFIG_KEY),
-            pooler_float32_gemm=float32_gemm(own, CONFIG_KEY), **known,
+            packing=PackedSettings.from_section(own, CONFIG_KEY), **known,
         )
         settings.check()
         return settings
@@ -73,8 +63,6 @@ class AbsaSettings:
         for name in ("max_pairs", "max_aspect_chars", "max_review_chars", "max_span_tokens"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{CONFIG_KEY}.{name} must be >= 1")
-        if self.max_pair_tokens is not None and int(self.max_pair_tokens) < 8:
-            raise ValueError(f"{CONFIG_KEY}.max_pair_tokens must be >= 8")
         unknown = set(self.thresholds) - set(self.labels)
         if self.fallback_label is not None:
             unknown |= {self.fallback_label} - set(self.labels)

@@ -62,7 +62,7 @@ class AbsaIOProcessor(ScoringIOProcessor[AbsaInput, AbsaOutput, _RequestState]):
         self._packed = self._family is not None
         # A packed engine's length limit is per request (all pairs of a call); pairs keep theirs.
         self._request_tokens = int(model_config.max_model_len)
-        self.max_model_len = min(self._request_tokens, self.settings.max_pair_tokens or self._request_tokens)
+        self.max_model_len = min(self._request_tokens, self.settings.packing.max_pair_tokens or self._request_tokens)
         self._encoder = PairEncoder(renderer.get_tokenizer(), self.max_model_len)
 
     # ------------------------------------------------------------------ input

@@ -80,7 +80,7 @@ class RerankerIOProcessor(ScoringIOProcessor[RerankInput, RerankOutput, _Request
         )
         # A packed engine's length limit is per request (all pairs of a call); pairs keep theirs.
         self._request_tokens = int(model_config.max_model_len)
-        self.max_model_len = min(self._request_tokens, self.settings.max_pair_tokens or self._request_tokens)
+        self.max_model_len = min(self._request_tokens, self.settings.packing.max_pair_tokens or self._request_tokens)
         self._builder = PromptBuilder(
             renderer.get_tokenizer(),
             self.settings,

@@ -11,7 +11,7 @@ ABSA_MODERNBERT_ARCHITECTURE = "ModernBertForAspectSentiment"
 ABSA_ARCHITECTURES = (ABSA_BERT_ARCHITECTURE, ABSA_MODERNBERT_ARCHITECTURE)
 IMAGE_RANK_ARCHITECTURE = "ClipImageRanker"
 # `float32_matmul_precision` that makes a packed model's float32 projections 3xTF32 Triton GEMMs
-# (its section's `pooler_float32_gemm`: scoring_plugin.config_sections).
+# (its section's `packing.float32_gemm`: scoring_plugin.packed.settings).
 TF32X3 = "tf32x3"
 _MODELS = {
     PAIR_BERT_ARCHITECTURE: "scoring_plugin.models.pair_bert:PairAwareBertForSequenceClassification",

@@ -43,6 +43,7 @@ from scoring_plugin.packed.layer_graphs import (
 )
 from scoring_plugin.packed.attention import DevicePlan, byte_spans, flash_available, views
 from scoring_plugin.packed.plan import AttentionPlan
+from scoring_plugin.packed.settings import PackedSettings
 
 logger = logging.getLogger(__name__)
 
@@ -274,19 +275,19 @@ def pooler_graphs(
     hidden_size: int,
     attn_width: int,
     vllm_config: VllmConfig,
-    piecewise: bool,
-    full_tokens: int,
+    packing: PackedSettings,
     scores_only: bool = False,
 ) -> list[GraphRunner]:
     """A packed pooler's graph runners, smallest steps first: whole-step graphs up to
-    ``full_tokens`` (CUDA, fp16/bf16 where flash-attention runs the layers' attention), then
-    piecewise graphs up to the step limit; none where graphs are off or cannot run.
-    ``scores_only``: the stack's result holds the score rows alone (:func:`~.layer_graphs.run_layers`)."""
-    limit = graph_tokens(vllm_config, piecewise)
+    ``packing.full_graph_tokens`` (CUDA, fp16/bf16 where flash-attention runs the layers'
+    attention), then piecewise graphs up to the step limit; none where ``packing.graphs`` is off
+    or graphs cannot run. ``scores_only``: the stack's result holds the score rows alone
+    (:func:`~.layer_graphs.run_layers`)."""
+    limit = graph_tokens(vllm_config, packing.graphs)
     if limit is None:
         return []
     runners: list[GraphRunner] = []
-    full = min(full_tokens, limit)
+    full = min(packing.full_graph_tokens, limit)
     if full >= 16 and vllm_config.model_config.dtype in (torch.float16, torch.bfloat16) and flash_available():
         runners.append(FullGraphs(layers, hidden_size, attn_width, full, scores_only))
     runners.append(LayerGraphs(layers, hidden_size, attn_width, limit, scores_only))

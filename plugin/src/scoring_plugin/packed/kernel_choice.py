@@ -124,7 +124,7 @@ def planned(plan: Sequence[tuple[int, T]], rows: int) -> T:
 def choose_float32_gemms(layers: Sequence[nn.Module], max_tokens: int, gemm: str) -> None:
     """At a packed model's first step, before its other kernel choices (a projection given a
     3xTF32 GEMM is no plain GEMM for the fusions that would read its weight): the 3xTF32 plans
-    where the model's settings ask for them (`pooler_float32_gemm`), on CUDA."""
+    where the model's settings ask for them (`packing.float32_gemm`), on CUDA."""
     if gemm != TF32X3 or not torch.cuda.is_available():
         return
     from scoring_plugin.packed.tf32x3_gemm import choose_tf32x3  # Triton: CUDA paths only

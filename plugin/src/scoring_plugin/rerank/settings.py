@@ -9,13 +9,11 @@ from enum import Enum
 from typing import Any
 
 from scoring_plugin.config_sections import (
-    DEFAULT_FULL_GRAPH_TOKENS,
     as_dict,
-    float32_gemm,
-    full_graph_tokens,
     overrides_key,
     read_section,
 )
+from scoring_plugin.packed.settings import PackedSettings
 from scoring_plugin.rerank.scores import (
     ActivationChoice,
     checkpoint_activation,
@@ -78,15 +76,8 @@ class RerankSettings:
     max_document_chars: int = DEFAULT_MAX_DOCUMENT_CHARS
     max_windows_per_call: int = DEFAULT_MAX_WINDOWS_PER_CALL
     max_windows_per_document: int = DEFAULT_MAX_WINDOWS_PER_DOCUMENT
-    # Per-pair token limit when it is below the engine's: a packed engine's limit is per request.
-    max_pair_tokens: int | None = None
-    # Packed model on CUDA: its pooler's layers as piecewise CUDA graphs (off: eager, for
-    # comparison and debugging).
-    pooler_graphs: bool = True
-    # With pooler_graphs: steps up to this many tokens replay whole, attention included (0: off).
-    pooler_full_graph_tokens: int = DEFAULT_FULL_GRAPH_TOKENS
-    # A packed float32 model's projection GEMMs (config_sections.FLOAT32_GEMMS).
-    pooler_float32_gemm: str = "cublas"
+    # A packed model's settings (scoring_plugin.packed.settings); the defaults for any other.
+    packing: PackedSettings = PackedSettings()
     # Cross-encoders: the classifier's labels and the one whose logit is the score.
     num_labels: int = 1
     score_label: int = 0
@@ -118,9 +109,6 @@ class RerankSettings:
         for key, value in limits.items():
             if value < 1:
                 raise ValueError(f"{CONFIG_KEY}.{key} must be >= 1, got {value}")
-        max_pair_tokens = own.get("max_pair_tokens")
-        if max_pair_tokens is not None and int(max_pair_tokens) < 8:
-            raise ValueError(f"{CONFIG_KEY}.max_pair_tokens must be >= 8, got {max_pair_tokens}")
         cross_encoder = mode is RerankMode.CROSS_ENCODER
         num_labels = num_labels_of(raw) if cross_encoder else 1
         if not cross_encoder and str(own.get("activation", "none")).lower() != "none":
@@ -133,10 +121,7 @@ class RerankSettings:
             instruction=str(own.get("instruction", QWEN3_DEFAULT_INSTRUCTION)),
             max_documents=max_documents,
             **limits,
-            max_pair_tokens=None if max_pair_tokens is None else int(max_pair_tokens),
-            pooler_graphs=bool(own.get("pooler_graphs", True)),
-            pooler_full_graph_tokens=full_graph_tokens(own, CONFIG_KEY),
-            pooler_float32_gemm=float32_gemm(own, CONFIG_KEY),
+            packing=PackedSettings.from_section(own, CONFIG_KEY),
             num_labels=num_labels,
             score_label=label,
             score_label_name=names[label] if cross_encoder else "",

@@ -5,7 +5,7 @@
 - ``bert-cross-encoder``, ``qwen3-seq-cls``, ``qwen3-reranker``, ``colbert``: small
   real-architecture rerankers, one per mode and prompt layout (:mod:`.rerank`).
 - ``absa-bert``, ``absa-modernbert``: aspect-sentiment models with both heads (:mod:`.absa`);
-  the ModernBERT one served packed (``pack_pairs``).
+  the ModernBERT one served packed (``packing.enabled``).
 - ``image-ranker``: CLIP-shaped towers with the cross-attention adapter (:mod:`.image_rank`).
 
 All but MiniLM have random weights (deterministic seed): reproducible, not meaningful outputs.
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from scoring_plugin.models import COLBERT_ARCHITECTURE
-from scoring_server.config import ModelKind, ModelSettings
+from scoring_server.config import ModelKind, ModelSettings, PackingSettings
 from scoring_server.demo.absa import build_absa_bert, build_absa_modernbert
 from scoring_server.demo.common import BUILD_MARKER, SEED, minilm_path
 from scoring_server.demo.image_rank import build_image_ranker
@@ -84,7 +84,7 @@ def build_demo_models(root: Path) -> list[ModelSettings]:
         ),
         ModelSettings(
             # Packed (every pair of a call in one engine request), as a deployment would serve it.
-            name="absa-modernbert", kind=ModelKind.ABSA, path=str(root / "absa-modernbert"), pack_pairs=True,
+            name="absa-modernbert", kind=ModelKind.ABSA, path=str(root / "absa-modernbert"), packing=PackingSettings(enabled=True),
             **common,
         ),
         ModelSettings(

@@ -21,7 +21,7 @@ from google.protobuf.message import Message
 from google.rpc import code_pb2
 from pydantic import BaseModel, ValidationError
 
-from scoring.v1 import absa_pb2, image_rank_pb2, info_pb2, rerank_pb2
+from scoring.v1 import absa_pb2, image_rank_pb2, rerank_pb2
 from scoring_plugin.errors import InvalidInputError
 from scoring_server import __version__
 from scoring_server.engines import ModelRegistry
@@ -116,8 +116,7 @@ class _Routes:
 
     async def info(self, request: Request) -> Response:
         async def handle(body: Any, request_id: str) -> tuple[Any, None]:
-            response = await self._servicers.info.GetInfo(info_pb2.GetInfoRequest(), None)  # type: ignore[arg-type]
-            return json_format.MessageToDict(response), None
+            return json_format.MessageToDict(self._servicers.info.describe()), None
 
         return await self._answer(request, "info", handle, read_body=False)
 

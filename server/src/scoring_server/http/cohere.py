@@ -9,22 +9,20 @@ that many windows and keeps the best, as Cohere's chunking does.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from scoring.v1 import common_pb2, rerank_pb2
 from scoring_plugin.errors import InvalidInputError
+from scoring_server.http.errors import field_renamer
 
 Document = str | dict[str, Any]
-_DOCUMENT_TEXT = re.compile(r"^documents\[(\d+)\]\.text")
-_RENAMED = {"truncation.max_document_tokens": "max_tokens_per_doc", "long_documents.max_windows": "max_chunks_per_doc"}
-
-
-def caller_field(field: str) -> str:
-    """Our request's field as this API names it."""
-    return _RENAMED.get(field) or _DOCUMENT_TEXT.sub(r"documents[\1]", field)
+# Our request's fields as this API names them.
+caller_field = field_renamer(
+    {"truncation.max_document_tokens": "max_tokens_per_doc", "long_documents.max_windows": "max_chunks_per_doc"},
+    "documents",
+)
 
 
 class CohereRerankRequest(BaseModel):

@@ -8,6 +8,7 @@ clients read `error` and `error_type`; `fields` lists the offending request fiel
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 
 from fastapi.responses import JSONResponse
@@ -57,6 +58,19 @@ def error_reply(status: status_pb2.Status, http_code: int | None = None) -> JSON
     if retry_after is not None:
         headers["Retry-After"] = str(max(1, math.ceil(retry_after)))  # whole seconds (RFC 9110)
     return JSONResponse(body, status_code=http_code, headers=headers)
+
+
+_DOCUMENT_TEXT = re.compile(r"^documents\[(\d+)\]\.text")
+
+
+def field_renamer(renamed: dict[str, str], documents: str) -> Callable[[str], str]:
+    """How an API names our request's fields: the fields in ``renamed`` by their names there,
+    and each document's text (our ``documents[i].text``) as ``documents[i]`` (``texts`` for TEI)."""
+
+    def caller_field(field: str) -> str:
+        return renamed.get(field) or _DOCUMENT_TEXT.sub(rf"{documents}[\1]", field)
+
+    return caller_field
 
 
 def in_caller_fields(status: status_pb2.Status, caller_field: Callable[[str], str]) -> status_pb2.Status:

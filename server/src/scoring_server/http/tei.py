@@ -4,15 +4,15 @@ is set, and `raw_scores` returns the score before the model's activation."""
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from scoring.v1 import common_pb2, rerank_pb2
+from scoring_server.http.errors import field_renamer
 
-_DOCUMENT_TEXT = re.compile(r"^documents\[(\d+)\]\.text")
-_RENAMED = {"documents": "texts", "truncation.side": "truncation_direction"}
+# Our request's fields as this API names them.
+caller_field = field_renamer({"documents": "texts", "truncation.side": "truncation_direction"}, "texts")
 _SIDES = {"right": common_pb2.TRUNCATION_SIDE_RIGHT, "left": common_pb2.TRUNCATION_SIDE_LEFT}
 
 
@@ -42,11 +42,6 @@ class TeiRerankRequest(BaseModel):
         if self.top_n is not None:
             request.top_n = self.top_n
         return request
-
-
-def caller_field(field: str) -> str:
-    """Our request's field as this API names it."""
-    return _RENAMED.get(field) or _DOCUMENT_TEXT.sub(r"texts[\1]", field)
 
 
 def to_reply(response: rerank_pb2.RerankResponse, request: TeiRerankRequest) -> list[dict[str, Any]]:

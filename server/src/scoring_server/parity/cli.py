@@ -21,7 +21,7 @@ from transformers import AutoConfig
 
 from scoring_plugin.models import ABSA_ARCHITECTURES, IMAGE_RANK_ARCHITECTURE
 from scoring_plugin.rerank.types import TruncationOptions, TruncationSide
-from scoring_server.config import FLOAT32_MATMUL_PRECISIONS, ModelKind, ModelSettings
+from scoring_server.config import FLOAT32_MATMUL_PRECISIONS, ModelKind, ModelSettings, PackingSettings
 from scoring_server.parity.absa import absa_report
 from scoring_server.parity.comparisons import served_label
 from scoring_server.parity.image_rank import image_rank_report
@@ -168,7 +168,7 @@ def _run(args: argparse.Namespace) -> list[str]:
             float32_matmul_precision=args.float32_matmul_precision,
             hf_overrides=args.hf_overrides,
             max_model_len=args.max_model_len,
-            pack_pairs=args.pack_pairs,
+            packing=PackingSettings(enabled=args.pack_pairs),
             # ABSA "batched" sends every pair in one request (up to this cap).
             max_items_per_request=max(1, min(len(inputs), 1024)) if kind is ModelKind.ABSA else 1000,
             engine_args={**_ENGINE_DEFAULTS, **args.engine_args},

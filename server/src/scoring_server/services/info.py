@@ -8,6 +8,7 @@ import vllm
 from scoring.v1 import common_pb2, info_pb2, info_pb2_grpc, rerank_pb2
 from scoring_plugin.io_processors.absa import AbsaIOProcessor
 from scoring_plugin.io_processors.image_ranker import ImageRankerIOProcessor
+from scoring_plugin.packed.families.registry import PACKED_KINDS
 from scoring_plugin.rerank.settings import RerankMode
 from scoring_plugin.rerank.types import Activation
 from scoring_server import __version__
@@ -46,6 +47,11 @@ class InfoServicer(info_pb2_grpc.InfoServiceServicer):
     async def GetInfo(
         self, request: info_pb2.GetInfoRequest, context: grpc.aio.ServicerContext
     ) -> info_pb2.GetInfoResponse:
+        return self.describe()
+
+    def describe(self) -> info_pb2.GetInfoResponse:
+        """The server and every model as they stand now; both doors answer with it (gRPC
+        GetInfo, HTTP GET /scoring/v1/info)."""
         response = info_pb2.GetInfoResponse(
             max_receive_message_bytes=self._settings.max_receive_message_bytes,
             max_send_message_bytes=self._settings.max_send_message_bytes,
@@ -65,6 +71,13 @@ class InfoServicer(info_pb2_grpc.InfoServiceServicer):
                 max_concurrent_requests=model.admission.max_requests,
                 max_queued_items=model.admission.max_items,
             )
+            if model.settings.kind.value in PACKED_KINDS:
+                packing = model.settings.packing
+                info.packing.CopyFrom(info_pb2.PackingInfo(
+                    enabled=packing.enabled, packed=model.settings.packs(),
+                    unpacked_reason=model.settings.unpacked_reason() or "", pack_tokens=packing.pack_tokens,
+                    graphs=packing.graphs, full_graph_tokens=packing.full_graph_tokens,
+                ))
             precision = model.settings.served_matmul_precision()
             if precision is not None:
                 info.float32_matmul_precision = _MATMUL_PRECISIONS[precision]

@@ -48,6 +48,7 @@ from scoring_plugin.packed.kernel_choice import choose_float32_gemms
 from scoring_plugin.packed.layer_graphs import run_layers
 from scoring_plugin.packed.mlp_fusions import RESIDUAL_UNFUSED, ResidualPath, ResidualPlan, choose_mlp_fusions
 from scoring_plugin.packed.plan import PACKED_TASK, token_types
+from scoring_plugin.packed.settings import PackedSettings
 from scoring_plugin.rerank.settings import RerankSettings
 
 # model_type -> the checkpoint's prefix for the encoder; RoBERTa-style ones offset positions.
@@ -151,18 +152,16 @@ class PackedBertEncoder(nn.Module):
     layers (on CUDA replayed as CUDA graphs, :func:`~scoring_plugin.packed.full_graphs.pooler_graphs`,
     as the model's settings ask)."""
 
-    def __init__(self, config: Any, vllm_config: VllmConfig, graphs: bool, full_graph_tokens: int,
-                 float32_gemm: str) -> None:
+    def __init__(self, config: Any, vllm_config: VllmConfig, packing: PackedSettings) -> None:
         super().__init__()
         self.position_offset = position_offset(config)
         self.embeddings = PackedBertEmbeddings(config)
         self.layers = nn.ModuleList(PackedBertLayer(config, f"pooler.encoder.layers.{i}") for i in range(config.num_hidden_layers))
         self.attn_width = self.layers[0].width
         self.graphs = pooler_graphs(
-            list(self.layers), config.hidden_size, self.attn_width, vllm_config, graphs, full_graph_tokens
-        )
+            list(self.layers), config.hidden_size, self.attn_width, vllm_config, packing)
         self.max_tokens = vllm_config.scheduler_config.max_num_batched_tokens
-        self.float32_gemm = float32_gemm
+        self.float32_gemm = packing.float32_gemm
         self._kernels_chosen = False
 
     def forward(self, words: torch.Tensor, pooling_metadata: PoolingMetadata) -> tuple[torch.Tensor, DevicePlan, list[int]]:
@@ -195,9 +194,7 @@ class PackedCrossEncoderScorer(Pooler):
 
     def __init__(self, config: Any, vllm_config: VllmConfig, settings: RerankSettings) -> None:
         super().__init__()
-        self.encoder = PackedBertEncoder(
-            config, vllm_config, settings.pooler_graphs, settings.pooler_full_graph_tokens, settings.pooler_float32_gemm
-        )
+        self.encoder = PackedBertEncoder(config, vllm_config, settings.packing)
         self.head_dtype = vllm_config.model_config.head_dtype
         self.head = ClsHead(config.hidden_size, settings.num_labels, self.head_dtype)
 
@@ -216,9 +213,7 @@ class PackedBertAbsaPooler(Pooler):
 
     def __init__(self, config: Any, vllm_config: VllmConfig, settings: AbsaSettings) -> None:
         super().__init__()
-        self.encoder = PackedBertEncoder(
-            config, vllm_config, settings.pooler_graphs, settings.pooler_full_graph_tokens, settings.pooler_float32_gemm
-        )
+        self.encoder = PackedBertEncoder(config, vllm_config, settings.packing)
         self.head_dtype = vllm_config.model_config.head_dtype
         self.heads = AbsaHeads(config.hidden_size, config.num_labels, dtype=self.head_dtype)
 

@@ -50,6 +50,7 @@ from scoring_plugin.packed.mlp_fusions import (
 )
 from scoring_plugin.packed.attention import DevicePlan, PairAttention, step_plan
 from scoring_plugin.packed.plan import PACKED_TASK
+from scoring_plugin.packed.settings import PackedSettings
 from scoring_plugin.rerank.settings import RerankSettings
 
 if TYPE_CHECKING:  # imports Triton, which only the CUDA paths need
@@ -177,8 +178,7 @@ class PackedModernBertEncoder(nn.Module):
     run; on CUDA the layers replay as CUDA graphs
     (:func:`~scoring_plugin.packed.full_graphs.pooler_graphs`) as the model's settings ask."""
 
-    def __init__(self, config: ModernBertConfig, vllm_config: VllmConfig, graphs: bool, full_graph_tokens: int,
-                 float32_gemm: str) -> None:
+    def __init__(self, config: ModernBertConfig, vllm_config: VllmConfig, packing: PackedSettings) -> None:
         super().__init__()
         self.layers = nn.ModuleList(
             PackedModernBertLayer(config, i, f"pooler.encoder.layers.{i}") for i in range(config.num_hidden_layers)
@@ -186,10 +186,9 @@ class PackedModernBertEncoder(nn.Module):
         self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
         self.attn_width = self.layers[0].attn.width
         self.graphs = pooler_graphs(
-            list(self.layers), config.hidden_size, self.attn_width, vllm_config, graphs, full_graph_tokens
-        )
+            list(self.layers), config.hidden_size, self.attn_width, vllm_config, packing)
         self.max_tokens = vllm_config.scheduler_config.max_num_batched_tokens
-        self.float32_gemm = float32_gemm
+        self.float32_gemm = packing.float32_gemm
         self._fusions_chosen = False
 
     def forward(self, hidden_states: torch.Tensor, pooling_metadata: PoolingMetadata) -> tuple[torch.Tensor, DevicePlan, list[int]]:
@@ -215,9 +214,7 @@ class PackedAbsaPooler(Pooler):
 
     def __init__(self, config: ModernBertConfig, vllm_config: VllmConfig, settings: AbsaSettings) -> None:
         super().__init__()
-        self.encoder = PackedModernBertEncoder(
-            config, vllm_config, settings.pooler_graphs, settings.pooler_full_graph_tokens, settings.pooler_float32_gemm
-        )
+        self.encoder = PackedModernBertEncoder(config, vllm_config, settings.packing)
         self.head_dtype = vllm_config.model_config.head_dtype
         self.heads = AbsaHeads(config.hidden_size, config.num_labels, dtype=self.head_dtype)
 
@@ -257,9 +254,7 @@ class PackedModernBertScorer(Pooler):
             raise ValueError(f"packed ModernBERT pools 'cls' or 'mean', the checkpoint's classifier_pooling is "
                              f"{config.classifier_pooling!r}")
         self.mean = config.classifier_pooling == "mean"
-        self.encoder = PackedModernBertEncoder(
-            config, vllm_config, settings.pooler_graphs, settings.pooler_full_graph_tokens, settings.pooler_float32_gemm
-        )
+        self.encoder = PackedModernBertEncoder(config, vllm_config, settings.packing)
         self.head_dtype = vllm_config.model_config.head_dtype
         self.head = PredictionHead(config, self.head_dtype)
         self.classifier = nn.Linear(config.hidden_size, settings.num_labels, dtype=self.head_dtype)

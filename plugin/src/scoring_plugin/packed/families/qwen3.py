@@ -266,10 +266,10 @@ class PackedPairScorer(Pooler):
         self.attn_width = attention.attn.num_heads * attention.head_dim
         self.graphs = pooler_graphs(
             list(self.layers), config.hidden_size, self.attn_width, vllm_config,
-            settings.pooler_graphs, settings.pooler_full_graph_tokens, self.scores_only,
+            settings.packing, self.scores_only,
         )
         self.max_tokens = vllm_config.scheduler_config.max_num_batched_tokens
-        self.float32_gemm = settings.pooler_float32_gemm
+        self.float32_gemm = settings.packing.float32_gemm
         self._kernels_chosen = False
 
     def get_supported_tasks(self) -> Set[PoolingTask]:
