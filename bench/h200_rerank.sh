@@ -7,7 +7,8 @@
 #                                     # ours (recognized, packed) and vllm serve /rerank (with the
 #                                     # hf_overrides vLLM prescribes), c=1/16/64 and one document (~5 min)
 #   FAMILY=bert sh bench/h200_rerank.sh family  # another packed family at its published shape
-#                                     # (bert: ms-marco MiniLM-L-12, xlmr: bge-reranker-v2-m3): HF,
+#                                     # (bert: ms-marco MiniLM-L-12, xlmr: bge-reranker-v2-m3,
+#                                     # modernbert: gte-reranker-modernbert-base): HF,
 #                                     # vllm serve /rerank and ours, c=1/16/64 and one document; then
 #                                     # the packed path's parity (bf16 and fp32) against the fp32
 #                                     # reference, 4 queries x 20 documents (~5 min)
@@ -21,7 +22,8 @@
 #   sh bench/h200_rerank.sh ab        # this tree against a base build (.whl-base: wheels of the
 #                                     # base commit), both servers up at once, their levels
 #                                     # interleaved for AB_ROUNDS rounds (default 3): c=1/16/64 at 20
-#                                     # documents, c=1 at one document; the A/B table (~5 min)
+#                                     # documents, c=1 at one document, AB_SECONDS (default 8) per
+#                                     # level; the A/B table (~5 min)
 #   sh bench/h200_rerank.sh gpu-tests # every GPU-only test of the plugin's kernels: segment attention,
 #                                     # Q/K norm + rotary, gate/up + activation, MLP fusions, 3xTF32
 #                                     # (needs the pytest, pluggy and iniconfig wheels in .whl) (~3 min)
@@ -85,7 +87,7 @@ inline)
 ab)
     python3 -m pip install -q --no-deps --upgrade --target /tmp/site-base "../${WHL_BASE:-.whl-base}"/*.whl
     python3 rerank.py --systems grpc,grpc-base --base-site /tmp/site-base --ab-rounds "${AB_ROUNDS:-3}" --docs-sweep 1 \
-        --seconds-per-level 8 --work /tmp/bw --out "$OUT/ab" 2>&1 | sed -n "/^| system/,\$p"
+        --seconds-per-level "${AB_SECONDS:-8}" --work /tmp/bw --out "$OUT/ab" 2>&1 | sed -n "/^| system/,\$p"
     grep -h "MLP fusions\|timings (ms)" /tmp/bw/grpc-server.log | cut -c1-900 || true
     ;;
 pack)
