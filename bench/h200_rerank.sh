@@ -12,6 +12,8 @@
 #                                     # vllm serve /rerank and ours, c=1/16/64 and one document; then
 #                                     # the packed path's parity (bf16 and fp32) against the fp32
 #                                     # reference, 4 queries x 20 documents (~5 min)
+#   FAMILY=bert sh bench/h200_rerank.sh lengths  # c=16 at short (~50-token) and long (~420-token)
+#                                     # pairs, ours against vllm serve /rerank (~3 min)
 #   sh bench/h200_rerank.sh check     # parity bf16 of the packed path against the fp32 HF
 #                                     # reference, and the HF reference's own bf16 orderings (~3.5 min)
 #   sh bench/h200_rerank.sh fp32-parity  # float32 with 3xTF32 projections against IEEE float32 and
@@ -69,6 +71,14 @@ family)
     for dtype in bfloat16 float32; do
         python3 -m scoring_server.parity --checkpoint /tmp/bw-"$FAMILY"/model-* --inputs /tmp/queries.jsonl \
             --pack-pairs --dtype "$dtype" --json "$OUT/$FAMILY/parity-packed-$dtype.json" 2>&1 | tail -14
+    done
+    ;;
+lengths)
+    # c=16 with short (~50 tokens) and long (~420 tokens) pairs, ours against vllm serve /rerank
+    for length in short long; do
+        python3 rerank.py --family "${FAMILY:-qwen3}" --systems grpc,vllm --concurrency 16 --docs-sweep "" \
+            --doc-length "$length" --seconds-per-level 6 --work "/tmp/bw-${FAMILY:-qwen3}" \
+            --out "$OUT/${FAMILY:-qwen3}" 2>&1 | sed -n "/^Rerank,/,/^$/p"
     done
     ;;
 published)

@@ -115,6 +115,8 @@ class Scenario:
     family: str = "qwen3"
     # The CPU harness check: small KV cache for `vllm serve`.
     smoke: bool = False
+    # Documents' length (DOC_TERMS): "short", "medium" or "long".
+    doc_length: str = "medium"
 
 
 GPU = Scenario("qwen3-0.6b-shaped", "bfloat16", 1024, 28, 16, 8, 128, 3072, 20, [1, 16, 64], 15.0, False, 0.5, 128)
@@ -264,13 +266,20 @@ def _build_qwen3(scenario: Scenario, target: Path) -> None:
     model.save_pretrained(target)
 
 
-def make_requests(n: int, docs: int, seed: int = 0) -> list[tuple[str, list[str]]]:
+# Document lengths in terms (two words, two tokens each), drawn uniformly: a pair holds about
+# 2 x terms + 15 tokens. "medium" (~145 tokens a pair) is every table's default; "short"
+# (~50) and "long" (~420, the longest pairs still under the 512-token limit) are issue 37's c=16 checks.
+DOC_TERMS = {"short": (8, 28), "medium": (20, 110), "long": (170, 215)}
+
+
+def make_requests(n: int, docs: int, seed: int = 0, length: str = "medium") -> list[tuple[str, list[str]]]:
     rng = random.Random(seed)
+    lo, hi = DOC_TERMS[length]
 
     def text(lo: int, hi: int) -> str:
         return " ".join(rng.choice(WORDS) for _ in range(2 * rng.randint(lo, hi)))
 
-    return [(text(3, 8), [text(20, 110) for _ in range(docs)]) for _ in range(n)]
+    return [(text(3, 8), [text(lo, hi) for _ in range(docs)]) for _ in range(n)]
 
 
 def tokens_per_pair(model: Path, requests: list[tuple[str, list[str]]]) -> float:
@@ -472,12 +481,13 @@ async def main_async(args: argparse.Namespace) -> Report:
     scenario.concurrency = args.concurrency or scenario.concurrency
     scenario.docs_per_request = args.docs or scenario.docs_per_request
     scenario.dtype = args.dtype or scenario.dtype
+    scenario.doc_length = args.doc_length
     if args.published:
         scenario.published, scenario.name = True, scenario.name.replace("qwen3", "qwen3-reranker-published")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     model = build_model(scenario, work / f"model-{scenario.name}")
-    requests = make_requests(64, scenario.docs_per_request)
+    requests = make_requests(64, scenario.docs_per_request, length=scenario.doc_length)
     report = Report(asdict(scenario), conditions(), tokens_per_pair(model, requests))
     log(f"{scenario.name}: {report.tokens_per_item:.0f} tokens/pair")
     docs_sweep = args.docs_sweep
@@ -533,6 +543,8 @@ def main() -> None:
     parser.add_argument("--docs", type=int, help="documents per request: override the scenario's")
     parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"],
                         help="every system's dtype: override the scenario's (IEEE fp32 matmuls for float32)")
+    parser.add_argument("--doc-length", choices=sorted(DOC_TERMS), default="medium",
+                        help="documents of ~50 (short), ~145 (medium) or ~420 (long) tokens a pair")
     parser.add_argument("--docs-sweep", type=int_list, default=[], help="e.g. 1,5,40: c=1 at these document counts")
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--no-pack", action="store_true", help="our server without pair packing")
@@ -551,7 +563,8 @@ def main() -> None:
     if args.published and "hf" in args.systems.split(","):
         parser.error("--published: the HF system runs the sequence classifier; leave hf out")
     report = asyncio.run(main_async(args))
-    stem = f"rerank-{report.scenario['name']}-{report.scenario['dtype']}"
+    length = "" if report.scenario["doc_length"] == "medium" else f"-{report.scenario['doc_length']}-docs"
+    stem = f"rerank-{report.scenario['name']}-{report.scenario['dtype']}{length}"
     write_results(Path(args.out), stem, report, table(report))
 
 if __name__ == "__main__":

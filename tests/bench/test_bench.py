@@ -22,7 +22,7 @@ def _bench(script: str, *args: str, timeout: int = 1200) -> subprocess.Completed
     return done
 
 
-def _sent_tokens_per_pair(model: Path, docs_per_request: int, requests: int) -> float:
+def _sent_tokens_per_pair(model: Path, docs_per_request: int, requests: int, length: str = "medium") -> float:
     """Tokens per pair of exactly the requests a level sent: its closed loop sends the
     generated requests in order, so a level of n requests sent the first n. A sweep level at
     one document and a few requests on a slow machine averages only a handful of documents,
@@ -33,7 +33,7 @@ def _sent_tokens_per_pair(model: Path, docs_per_request: int, requests: int) -> 
     from rerank import make_requests
 
     tokenizer = AutoTokenizer.from_pretrained(model)
-    generated = make_requests(64, 3)  # as rerank.py with --docs 3
+    generated = make_requests(64, 3, length=length)  # as rerank.py with --docs 3
     sent = [generated[i % len(generated)] for i in range(requests)]
     counts = [len(tokenizer(q, d)["input_ids"]) for q, docs in sent for d in docs[:docs_per_request]]
     return sum(counts) / len(counts)
@@ -107,29 +107,34 @@ def test_rerank_bench_serves_qwen3_reranker_as_published(tmp_path: Path) -> None
     assert "| grpc (ours) | 3 | 1 |" in done.stdout
 
 
-@pytest.mark.parametrize(("family", "architecture", "packed"), [
-    ("bert", "BertForSequenceClassification", "ScoringPackedBertForSequenceClassification"),
-    ("xlmr", "XLMRobertaForSequenceClassification", "ScoringPackedBertForSequenceClassification"),
-    ("modernbert", "ModernBertForSequenceClassification", "ScoringPackedModernBertForSequenceClassification"),
+@pytest.mark.parametrize(("family", "architecture", "packed", "length"), [
+    ("bert", "BertForSequenceClassification", "ScoringPackedBertForSequenceClassification", "short"),
+    ("xlmr", "XLMRobertaForSequenceClassification", "ScoringPackedBertForSequenceClassification", "medium"),
+    ("modernbert", "ModernBertForSequenceClassification", "ScoringPackedModernBertForSequenceClassification", "long"),
 ])
 def test_rerank_bench_builds_and_serves_each_packed_family(
-    tmp_path: Path, family: str, architecture: str, packed: str
+    tmp_path: Path, family: str, architecture: str, packed: str, length: str
 ) -> None:
     """--family: the family's architecture and tokenizer, served packed by ours (the `family`
-    runs of h200_rerank.sh), every call answered, the tokens each pair holds as ours counts them
-    matching what the tokenizer makes of what was sent."""
+    and `lengths` runs of h200_rerank.sh), every call answered, the tokens each pair holds as
+    ours counts them matching what the tokenizer makes of what was sent (at each --doc-length;
+    long pairs stay under the 512-token pair limit)."""
     out = tmp_path / "results"
     _bench("rerank.py", "--cpu-smoke", "--family", family, "--systems", "grpc", "--concurrency", "1",
-           "--docs-sweep", "", "--out", str(out), "--work", str(tmp_path / "work"), "--docs", "3")
+           "--docs-sweep", "", "--doc-length", length, "--out", str(out), "--work", str(tmp_path / "work"),
+           "--docs", "3")
     (report_file,) = out.glob("*.json")
+    suffix = {"short": "-short-docs", "medium": "", "long": "-long-docs"}[length]
+    assert report_file.stem.endswith(f"-float32{suffix}")
     report = json.loads(report_file.read_text())
     model = tmp_path / "work" / f"model-{report['scenario']['name']}"
     assert json.loads((model / "config.json").read_text())["architectures"] == [architecture]
     assert f"ready ({packed})" in (tmp_path / "work" / "grpc-server.log").read_text()
     (level,) = report["levels"]
     assert level["errors"] == 0 and level["requests"] > 0
-    sent = _sent_tokens_per_pair(model, level["items_per_request"], level["requests"])
+    sent = _sent_tokens_per_pair(model, level["items_per_request"], level["requests"], length)
     assert abs(level["tokens_per_item"] - sent) < 0.05 * sent
+    assert level["tokens_per_item"] < 512
 
 
 def test_reference_dtype_check_cpu_smoke(tmp_path: Path) -> None:
