@@ -171,13 +171,14 @@ async def grpc_target(
     model: Path, scenario: Scenario, work: Path, packed: bool, system: str, name: str,
     full_graph_tokens: int | None = None, frontends: int = 1, channels: int | None = None,
     inline_plan_items: int | None = None, matmul_precision: str | None = None, site: str | None = None,
+    data_parallel_size: int = 1,
 ) -> AsyncIterator[Target]:
     """Our server, ready; ``name`` its files' (``absa-<name>-server.log``). ``full_graph_tokens``
     its ``packing.full_graph_tokens``, ``inline_plan_items`` and ``matmul_precision``
     (``float32_matmul_precision``) its settings of those names (None: their defaults). The
     client sends its calls over ``channels`` connections in turn (None: harness.channel_count).
     ``site``: a directory of other builds of our packages, imported by the server before the
-    installed ones (harness.site_environment)."""
+    installed ones (harness.site_environment). ``data_parallel_size``: its engine cores."""
     import itertools
 
     from scoring.v1 import absa_pb2, absa_pb2_grpc
@@ -198,6 +199,8 @@ async def grpc_target(
     settings.update(packing_settings(packing, site))
     if matmul_precision is not None:
         settings["float32_matmul_precision"] = matmul_precision
+    if data_parallel_size > 1:
+        settings["data_parallel_size"] = data_parallel_size
     write_server_config(config, port, [settings], metrics_port=metrics_port, frontends=frontends,
                         inline_plan_items=inline_plan_items)
     log(f"{system}: starting our server")
@@ -351,6 +354,8 @@ async def main_async(args: argparse.Namespace) -> Report:
         "grpc-threads": ours("grpc-threads", "grpc (ours, planning always in threads)", inline_plan_items=0),
         "grpc-frontends": ours("grpc-frontends", f"grpc (ours, {args.frontends} front-ends)",
                                frontends=args.frontends, channels=args.channels),
+        "grpc-dp": ours("grpc-dp", f"grpc (ours, {args.data_parallel_size} engine cores)",
+                        data_parallel_size=args.data_parallel_size),
     }
     if packed:
         servers["grpc-unpacked"] = ours("grpc-unpacked", "grpc (ours, unpacked)", pack=False)
@@ -382,11 +387,13 @@ def main() -> None:
     parser.add_argument("--cpu-smoke", action="store_true")
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="bf16")
     parser.add_argument("--systems", default="hf,grpc,plugin,classify",
-                        help="of hf,grpc,grpc-base,grpc-unpacked,grpc-piecewise,grpc-threads,grpc-frontends,plugin,"
+                        help="of hf,grpc,grpc-base,grpc-unpacked,grpc-piecewise,grpc-threads,grpc-frontends,grpc-dp,plugin,"
                              "classify; "
                              "fp32 also grpc-tf32,grpc-base-tf32,classify-tf32 (float32_matmul_precision high) "
                              "and, packed, grpc-tf32x3 (float32_matmul_precision tf32x3)")
     parser.add_argument("--frontends", type=int, default=4, help="front-end processes of grpc-frontends")
+    parser.add_argument("--data-parallel-size", type=int, default=2,
+                        help="grpc-dp: our server with this many engine cores (one GPU each)")
     parser.add_argument("--base-site", help="grpc-base, grpc-base-tf32: our server with the packages installed in "
                                             "this directory (pip install --target) first on its path: a baseline "
                                             "build, same run")

@@ -21,8 +21,9 @@
 #                                   # (float32_matmul_precision tf32x3) and with TF32, stock /classify
 #                                   # IEEE, c=1 and 32; the 3xTF32 GPU test (~8 min)
 #   sh bench/h200_absa.sh ab        # this tree against a base build (.whl-base: wheels of the base
-#                                   # commit), both servers up at once, c=1 and 32 interleaved for
-#                                   # AB_ROUNDS rounds (default 3), the A/B table (~5 min);
+#                                   # commit), both servers up at once, c=1 and 32 (AB_CONCURRENCY)
+#                                   # interleaved for AB_ROUNDS rounds (default 3), AB_SECONDS
+#                                   # (default 8) per level, the A/B table (~5 min);
 #                                   # AB_SCENARIO=fp32 for the fp32 model
 #   sh bench/h200_absa.sh tf32-ab   # fp32 with TF32 matmuls, this tree against a base build (.whl-base),
 #                                   # both servers up at once, c=1 and 32 interleaved for AB_ROUNDS
@@ -93,7 +94,8 @@ inline)
 ab)
     python3 -m pip install -q --no-deps --upgrade --target /tmp/site-base "../${WHL_BASE:-.whl-base}"/*.whl
     python3 absa.py --systems grpc,grpc-base --base-site /tmp/site-base --ab-rounds "${AB_ROUNDS:-3}" \
-        --scenario "${AB_SCENARIO:-bf16}" --concurrency 1,32 --seconds-per-level 8 --work /tmp/bw --out "$OUT/ab" \
+        --scenario "${AB_SCENARIO:-bf16}" --concurrency "${AB_CONCURRENCY:-1,32}" --seconds-per-level "${AB_SECONDS:-8}" \
+        --work /tmp/bw --out "$OUT/ab" \
         2>&1 | sed -n "/^| system/,\$p"
     grep -h "MLP fusions\|timings (ms)" /tmp/bw/absa-grpc-server.log | cut -c1-900 || true
     ;;

@@ -117,6 +117,8 @@ class Scenario:
     smoke: bool = False
     # Documents' length (DOC_TERMS): "short", "medium" or "long".
     doc_length: str = "medium"
+    # Our server's engine cores (`data_parallel_size`; the `grpc-dp` system: --data-parallel-size).
+    data_parallel_size: int = 1
 
 
 GPU = Scenario("qwen3-0.6b-shaped", "bfloat16", 1024, 28, 16, 8, 128, 3072, 20, [1, 16, 64], 15.0, False, 0.5, 128)
@@ -328,6 +330,8 @@ async def grpc_reranker(model: Path, scenario: Scenario, work: Path, name: str =
     settings.update(packing_settings(packing, scenario.server_site))
     if scenario.float32_matmul_precision is not None:
         settings["float32_matmul_precision"] = scenario.float32_matmul_precision
+    if scenario.data_parallel_size > 1:
+        settings["data_parallel_size"] = scenario.data_parallel_size
     write_server_config(config, port, [settings], metrics_port=metrics_port,
                         inline_plan_items=scenario.inline_plan_items)
     log(f"{name}: starting our server")
@@ -500,6 +504,8 @@ async def main_async(args: argparse.Namespace) -> Report:
         "grpc-threads": ours("grpc-threads", "grpc (ours, planning always in threads)", inline_plan_items=0),
         "grpc-base": ours("grpc-base", f"grpc (ours, base: {Path(args.base_site or '-').name})",
                           server_site=args.base_site),
+        "grpc-dp": ours("grpc-dp", f"grpc (ours, {args.data_parallel_size} engine cores)",
+                        data_parallel_size=args.data_parallel_size),
     }
     if scenario.pack_pairs:
         servers["grpc-eager"] = ours("grpc-eager", "grpc (ours, eager layers)", pack_graphs=False)
@@ -530,13 +536,15 @@ def main() -> None:
     parser.add_argument("--family", choices=sorted(FAMILIES), default="qwen3",
                         help="the model's architecture and shape (each GPU shape a published checkpoint's)")
     parser.add_argument("--systems", default="hf,grpc,vllm,plugin",
-                        help="of hf,grpc,grpc-base,grpc-eager,grpc-piecewise,grpc-threads,vllm,plugin; "
+                        help="of hf,grpc,grpc-base,grpc-dp,grpc-eager,grpc-piecewise,grpc-threads,vllm,plugin; "
                              "with --dtype float32 also grpc-tf32x3 (float32_matmul_precision tf32x3)")
     parser.add_argument("--base-site", help="grpc-base: our server with the packages installed in this directory "
                                             "(pip install --target) first on its path: a baseline build, same run")
     parser.add_argument("--ab-rounds", type=int, default=0,
                         help="two of our servers (--systems, e.g. grpc,grpc-base) up at once, their levels "
                              "interleaved for this many rounds, and an A/B table (harness.interleaved)")
+    parser.add_argument("--data-parallel-size", type=int, default=2,
+                        help="grpc-dp: our server with this many engine cores (one GPU each)")
     parser.add_argument("--work", default="/tmp/scoring-bench")
     parser.add_argument("--seconds-per-level", type=float, help="override the scenario's")
     parser.add_argument("--concurrency", type=int_list, default=[], help="e.g. 1,32: override the scenario's levels")

@@ -137,6 +137,20 @@ def test_rerank_bench_builds_and_serves_each_packed_family(
     assert level["tokens_per_item"] < 512
 
 
+@pytest.mark.parametrize(("script", "config"), [("rerank.py", "grpc-dp-server.yaml"), ("absa.py", "absa-grpc-dp-server.yaml")])
+def test_the_data_parallel_system_serves_from_two_engine_cores(tmp_path: Path, script: str, config: str) -> None:
+    """`grpc-dp` (bench/h200_dp.sh on two GPUs): our server with --data-parallel-size engine
+    cores, every call answered."""
+    out = tmp_path / "results"
+    _bench(script, "--cpu-smoke", "--systems", "grpc-dp", "--data-parallel-size", "2", "--concurrency", "2",
+           *(["--docs-sweep", ""] if script == "rerank.py" else []), "--out", str(out), "--work", str(tmp_path / "work"))
+    (model,) = yaml.safe_load((tmp_path / "work" / config).read_text())["models"]
+    assert model["data_parallel_size"] == 2
+    (report_file,) = out.glob("*.json")
+    (level,) = json.loads(report_file.read_text())["levels"]
+    assert level["system"] == "grpc (ours, 2 engine cores)" and level["errors"] == 0 and level["requests"] > 0
+
+
 def test_reference_dtype_check_cpu_smoke(tmp_path: Path) -> None:
     """The reference run in bf16 against itself in fp32 on the rerank check's inputs: the
     report counts orderings and the widest swapped gap, which can never exceed twice the

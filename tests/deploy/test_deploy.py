@@ -161,6 +161,24 @@ def test_each_inference_service_uses_the_runtime_with_explicit_dtype_and_drain()
     assert kinds == {"rerank", "absa", "image_rank"}
 
 
+def test_each_inference_service_asks_for_one_gpu_per_engine_core() -> None:
+    """`--data-parallel-size` cores of `tensor_parallel_size` GPUs each: exactly the GPUs the pod
+    gets (fewer refuse to start; more sit idle)."""
+    runtime, services = _runtime_and_services()
+    container = runtime["spec"]["containers"][0]
+    sizes = {}
+    for isvc in services:
+        model = isvc["spec"]["predictor"]["model"]
+        args = [a.replace("{{.Name}}", isvc["metadata"]["name"]) for a in container["args"]]
+        (settings,) = settings_from_args(parse_args(args + model["args"])).models
+        gpus = int(model["resources"]["limits"]["nvidia.com/gpu"])
+        assert int(model["resources"]["requests"]["nvidia.com/gpu"]) == gpus
+        per_core = int(settings.engine_args.get("tensor_parallel_size") or 1)
+        assert settings.data_parallel_size * per_core == gpus, isvc["metadata"]["name"]
+        sizes[isvc["metadata"]["name"]] = settings.data_parallel_size
+    assert sizes["rerank-dp"] == 2 and sizes["rerank"] == 1
+
+
 def test_the_http_port_is_exposed_beside_grpc() -> None:
     """Knative routes one port, so the ISVC with the HTTP door is a RawDeployment whose pods a
     Service of our own reaches on the port `--http-port` names."""

@@ -44,12 +44,13 @@ def in_process_engine(settings: ModelSettings) -> Iterator[InProcessEngine]:
     """Starts the model's engine (~30 s on the CPU) and shuts it down on exit."""
     model = ServedModel(settings)
     _start(model)
-    assert model.engine is not None and model.processor is not None
+    engine = model.cores[0].engine
+    assert engine is not None and model.processor is not None
     loop = asyncio.new_event_loop()
     try:
-        yield InProcessEngine(model.processor, model.engine, loop)
+        yield InProcessEngine(model.processor, engine, loop)
     finally:
-        model.engine.shutdown()
+        model.shutdown()
         # The engine's output handler task lives on this loop: let it finish its cancellation.
         pending = asyncio.all_tasks(loop)
         for task in pending:

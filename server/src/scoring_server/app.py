@@ -18,7 +18,8 @@ from vllm.utils.gc_utils import freeze_gc_heap
 from scoring.v1 import absa_pb2, image_rank_pb2, info_pb2, rerank_pb2
 from scoring_server import decoding, reflection, tracing
 from scoring_server.config import ModelKind, ModelSettings, ServerSettings
-from scoring_server.engines import EngineClientSlot, ModelRegistry, ServedModel
+from scoring_server.cores import EngineClientSlot
+from scoring_server.engines import ModelRegistry, ServedModel
 from scoring_server import __version__
 from scoring_server.errors import ErrorMappingInterceptor
 from scoring_server.http.app import Servicers, build_app
@@ -70,15 +71,15 @@ class ScoringServer:
     """`slots`: this process is one of several front-ends (`scoring_server.frontends`), reaching
     engines the supervisor launched; it shares the port and leaves /metrics to the supervisor."""
 
-    def __init__(self, settings: ServerSettings, slots: dict[str, EngineClientSlot] | None = None) -> None:
+    def __init__(self, settings: ServerSettings, slots: dict[str, list[EngineClientSlot]] | None = None) -> None:
         self.settings = settings
         self.shared = slots is not None
         tracing.configure(settings.tracing)
         self.registry = ModelRegistry.from_settings(
             [_with_engine_tracing(m, settings.tracing) for m in settings.models]
         )
-        for name, slot in (slots or {}).items():
-            self.registry.models[name].slot = slot
+        for name, model_slots in (slots or {}).items():
+            self.registry.models[name].attach(model_slots)
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(
             interceptors=interceptors(settings.auth),
@@ -179,32 +180,30 @@ class ScoringServer:
             await self.health.set(service, SERVING)
 
     async def watch_engines(self) -> None:
-        """Returns (raising) when a started engine has died. The choice on engine death is to
-        exit non-zero and let the orchestrator restart the pod: rebuilding an engine in place
-        would serve a half-recovered process for the minutes a load takes. Health goes
+        """Returns (raising) when a started engine core has died. The choice on a core's death
+        is to exit non-zero and let the orchestrator restart the pod: rebuilding an engine in
+        place would serve a half-recovered process for the minutes a load takes. Health goes
         NOT_SERVING first and stays so for `engine_failure_linger_s`, so probes and load
-        balancers see the failure before the port closes; in-flight calls on the dead engine
-        have already failed with UNAVAILABLE (vLLM fails them on the engine's exit)."""
+        balancers see the failure before the port closes; in-flight calls on the dead core
+        have already failed with UNAVAILABLE (vLLM fails them on the engine's exit), and a
+        data-parallel model's other cores take the calls still arriving until the exit."""
         while True:
             if self.shared:
                 self._publish_states()
-                for model in self.registry.models.values():
-                    model.notice_engine_death()
-            dead = [
-                m for m in self.registry.models.values()
-                if m.engine is not None and m.engine.errored
-            ]
+            for model in self.registry.models.values():
+                model.notice_engine_deaths()
+            dead = [(m, cores) for m in self.registry.models.values() if (cores := m.dead_cores())]
             if dead:
-                names = [m.settings.name for m in dead]
-                logger.error("engine died for %s; going NOT_SERVING and exiting", names)
+                names = [f"{m.settings.name} (core {', '.join(map(str, cores))} of {len(m.cores)})" for m, cores in dead]
+                logger.error("engine died for %s; going NOT_SERVING and exiting", "; ".join(names))
                 await self.health.set("", NOT_SERVING)
-                for model in dead:
+                for model, _ in dead:
                     service = _SERVICE_OF_KIND[model.settings.kind]
                     await self.health.set(f"{service}/{model.settings.name}", NOT_SERVING)
                     if self.registry.default_for(model.settings.kind) is model:
                         await self.health.set(service, NOT_SERVING)
                 await asyncio.sleep(self.settings.engine_failure_linger_s)
-                raise EngineFailure(f"engine died: {', '.join(names)}")
+                raise EngineFailure(f"engine died: {'; '.join(names)}")
             await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
 
     def _publish_states(self) -> None:
@@ -234,7 +233,7 @@ def _with_engine_tracing(model: ModelSettings, settings: TracingSettings) -> Mod
     return model.model_copy(update={"engine_args": engine_args})
 
 
-async def serve(settings: ServerSettings, slots: dict[str, EngineClientSlot] | None = None) -> None:
+async def serve(settings: ServerSettings, slots: dict[str, list[EngineClientSlot]] | None = None) -> None:
     server = ScoringServer(settings, slots)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -256,7 +255,7 @@ async def serve(settings: ServerSettings, slots: dict[str, EngineClientSlot] | N
         await server.drain()
 
 
-def run(settings: ServerSettings, slots: dict[str, EngineClientSlot] | None = None) -> None:
+def run(settings: ServerSettings, slots: dict[str, list[EngineClientSlot]] | None = None) -> None:
     """Serves until SIGTERM; a failure is logged and ends the process with exit code 1."""
     try:
         asyncio.run(serve(settings, slots))

@@ -53,6 +53,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="models with a packed family (Qwen3, BERT, XLM-R and ModernBERT cross-encoders; ModernBERT and BERT ABSA): every pair of a call in one engine request",
     )
     parser.add_argument("--gpu-memory-utilization", type=float)
+    parser.add_argument(
+        "--data-parallel-size",
+        type=int,
+        help="independent engine cores of the model, one per GPU, calls routed to the least loaded",
+    )
     parser.add_argument("--hf-overrides", type=json.loads, help="JSON object for vLLM")
     parser.add_argument("--engine-args", type=json.loads, help="JSON object of AsyncEngineArgs")
     parser.add_argument(
@@ -147,6 +152,7 @@ def _settings_from_args(args: argparse.Namespace) -> ServerSettings:
         "max_model_len": args.max_model_len,
         "packing": PackingSettings(enabled=True) if args.pack_pairs else None,
         "gpu_memory_utilization": args.gpu_memory_utilization,
+        "data_parallel_size": args.data_parallel_size,
         "float32_matmul_precision": args.float32_matmul_precision,
         "hf_overrides": args.hf_overrides,
         "engine_args": args.engine_args,

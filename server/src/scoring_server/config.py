@@ -35,6 +35,10 @@ Float32MatmulPrecision = Literal["highest", "tf32x3", "high", "medium"]
 FLOAT32_MATMUL_PRECISIONS: tuple[str, ...] = get_args(Float32MatmulPrecision)
 
 
+# vLLM's data-parallel arguments: the server runs a model's cores itself (`data_parallel_size`).
+_CORE_ENGINE_ARGS = ("data_parallel_size", "data_parallel_size_local", "data_parallel_rank")
+
+
 class ModelKind(str, Enum):
     RERANK = "rerank"
     ABSA = "absa"
@@ -107,6 +111,9 @@ class ModelSettings(BaseModel):
     # to a float64 product as cuBLAS's IEEE GEMM (see docs/decisions/).
     # dtype float32 only: the others have no fp32 matmuls to relax.
     float32_matmul_precision: Float32MatmulPrecision = "highest"
+    # Independent engine cores of this model, one per GPU (per tensor_parallel_size GPUs), calls
+    # routed by the server to the core with the fewest items in flight (scoring_server.cores).
+    data_parallel_size: int = Field(default=1, ge=1, le=64)
     # Passed to vLLM's AsyncEngineArgs unchanged (enforce_eager, tensor_parallel_size, ...).
     engine_args: dict[str, Any] = Field(default_factory=dict)
     default: bool = False
@@ -143,6 +150,12 @@ class ModelSettings(BaseModel):
                 raise ValueError(f"{field} applies to rerank models only")
         if self.packing.enabled and self.kind.value not in PACKED_KINDS:
             raise ValueError(f"packing.enabled applies to {list(PACKED_KINDS)} models only")
+        for key in _CORE_ENGINE_ARGS:
+            if key in self.engine_args:
+                raise ValueError(
+                    f"engine_args.{key}: give the model's data_parallel_size instead (independent engine cores, "
+                    "one per GPU, routed by this server; vLLM's own data parallelism would lose every core with one)"
+                )
         if self.max_queued_items < self.max_items_per_request:
             raise ValueError("max_queued_items must admit at least one full request")
         if self.float32_matmul_precision != "highest" and self.dtype != "float32":

@@ -11,9 +11,8 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from multiprocessing.synchronize import Event as EventType
 from typing import Any
 
 from vllm import AsyncEngineArgs
@@ -27,6 +26,7 @@ from scoring_plugin.io_processors.reranker import RerankerIOProcessor
 from scoring_plugin.models import TF32X3
 from scoring_server.admission import Admission
 from scoring_server.config import ModelKind, ModelSettings
+from scoring_server.cores import EngineClientSlot, EngineCore, core_devices, device_environment, route
 
 logger = logging.getLogger(__name__)
 
@@ -68,26 +68,13 @@ def engine_environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
-@dataclass(frozen=True)
-class EngineClientSlot:
-    """How one of several front-end processes reaches an engine core that the supervisor
-    launched (vLLM's multi-API-server wiring): the engine's ZMQ addresses with the listening
-    sockets the supervisor bound for this front-end, this front-end's place among them, and the
-    event the supervisor sets when the engine's process has died."""
-
-    addresses: dict[str, Any]
-    count: int
-    index: int
-    engine_dead: EventType
-
-
 @dataclass
 class ServedModel:
     settings: ModelSettings
     admission: Admission = field(init=False)
-    # Set in a front-end process of several (`ServerSettings.frontends`): connect, do not launch.
-    slot: EngineClientSlot | None = None
-    engine: AsyncLLM | None = None
+    # Its engine cores (`data_parallel_size` of them), in index order.
+    cores: list[EngineCore] = field(init=False)
+    # The IO processor of every core: planning depends on the model, not on the core.
     processor: Processor | None = None
     architecture: str = ""
 
@@ -97,22 +84,39 @@ class ServedModel:
             self.settings.max_queued_items,
             self.settings.retry_after_ms / 1000,
         )
+        self.cores = [EngineCore(self.settings.name, i) for i in range(self.settings.data_parallel_size)]
 
     @property
     def ready(self) -> bool:
-        return self.engine is not None and self.processor is not None and not self.engine.errored
+        """Every core serves: what health and GetInfo report. A model with a core down still
+        takes calls on the others (`serving`) while the server goes NOT_SERVING and exits."""
+        return self.processor is not None and all(core.up for core in self.cores)
 
-    def notice_engine_death(self) -> None:
-        """A client of an engine it did not launch has no process to watch: the supervisor
-        watches and sets `slot.engine_dead`. Then this does what vLLM's own monitor does for an
-        engine it launched (`MPClient.start_engine_core_monitor`): mark it dead and shut the
-        client, so calls in flight fail with EngineDeadError at once and `errored` is true."""
-        if self.slot is None or self.engine is None or not self.slot.engine_dead.is_set():
-            return
-        client = self.engine.engine_core
-        if not client.resources.engine_dead:
-            client.resources.engine_dead = True
-            client.shutdown()
+    @property
+    def serving(self) -> bool:
+        return self.processor is not None and any(core.up for core in self.cores)
+
+    def route(self, items: int) -> AbstractContextManager[EngineCore]:
+        return route(self.cores, items)
+
+    def attach(self, slots: list[EngineClientSlot]) -> None:
+        """This process is one front-end of several: each core is reached through its slot."""
+        for core, slot in zip(self.cores, slots, strict=True):
+            core.slot = slot
+
+    def dead_cores(self) -> list[int]:
+        """The cores that started and have died since."""
+        return [core.index for core in self.cores if core.engine is not None and core.engine.errored]
+
+    def notice_engine_deaths(self) -> None:
+        for core in self.cores:
+            core.notice_death()
+
+    def shutdown(self) -> None:
+        for core in self.cores:
+            if core.engine is not None:
+                core.engine.shutdown()
+                core.engine = None
 
 
 @dataclass
@@ -150,9 +154,7 @@ class ModelRegistry:
 
     def shutdown(self) -> None:
         for model in self.models.values():
-            if model.engine is not None:
-                model.engine.shutdown()
-                model.engine = None
+            model.shutdown()
 
 
 def _packed_engine_args(settings: ModelSettings) -> dict[str, object]:
@@ -225,24 +227,50 @@ def environment(settings: ModelSettings) -> dict[str, str]:
 
 
 def _start(model: ServedModel) -> None:
-    # The server context picks the engine defaults `vllm serve` gets (on a large-memory GPU: 8192
-    # batched tokens per step, not the library's 2048, which would split a 20-document request
-    # over two steps).
-    with engine_environment(environment(model.settings)):
-        engine = _connect(model.settings, model.slot) if model.slot else AsyncLLM.from_engine_args(
-            engine_args(model.settings), usage_context=UsageContext.OPENAI_API_SERVER
-        )
+    """Starts the model's cores one after another (their first compilation fills vLLM's cache,
+    which the next ones read), each pinned to its devices."""
     try:
+        devices = core_devices_of(model.settings)
+        for core, core_devices in zip(model.cores, devices, strict=True):
+            core.devices = core_devices
+            core.engine = _start_engine(model.settings, core)
+        first = model.cores[0].engine
+        assert first is not None
         # Loaded through the entry point, exactly as `vllm serve` would load it.
         plugin, expected = IO_PROCESSORS[model.settings.kind]
-        processor = get_io_processor(engine.vllm_config, engine.renderer, plugin)
+        processor = get_io_processor(first.vllm_config, first.renderer, plugin)
         if not isinstance(processor, expected):
             raise TypeError(f"plugin {plugin!r} resolved to {type(processor)!r}")
     except Exception:
-        engine.shutdown()
+        model.shutdown()
         raise
-    model.architecture = ",".join(engine.vllm_config.model_config.architectures or [])
-    model.engine, model.processor = engine, processor
+    model.architecture = ",".join(first.vllm_config.model_config.architectures or [])
+    model.processor = processor
+
+
+def core_devices_of(settings: ModelSettings) -> list[str]:
+    """Each core's devices where the platform selects them by CUDA_VISIBLE_DEVICES; none
+    elsewhere (the CPU backend). One core keeps whatever the process was given."""
+    from vllm.platforms import current_platform
+
+    if settings.data_parallel_size == 1 or not current_platform.is_cuda_alike():
+        return [""] * settings.data_parallel_size
+    return core_devices(
+        settings.data_parallel_size,
+        int(settings.engine_args.get("tensor_parallel_size") or 1),
+        os.environ.get("CUDA_VISIBLE_DEVICES"),
+        current_platform.device_count(),
+    )
+
+
+def _start_engine(settings: ModelSettings, core: EngineCore) -> AsyncLLM:
+    # The server context picks the engine defaults `vllm serve` gets (on a large-memory GPU: 8192
+    # batched tokens per step, not the library's 2048, which would split a 20-document request
+    # over two steps).
+    with engine_environment({**environment(settings), **device_environment(core.devices)}):
+        if core.slot is not None:
+            return _connect(settings, core.slot)
+        return AsyncLLM.from_engine_args(engine_args(settings), usage_context=UsageContext.OPENAI_API_SERVER)
 
 
 def _connect(settings: ModelSettings, slot: EngineClientSlot) -> AsyncLLM:

@@ -40,7 +40,8 @@ from vllm.v1.executor import Executor
 from scoring_plugin.rerank.settings import RerankSettings
 from scoring_server import __version__
 from scoring_server.config import ModelKind, ModelSettings, ServerSettings
-from scoring_server.engines import EngineClientSlot, engine_args, engine_environment, environment
+from scoring_server.cores import EngineClientSlot, device_environment
+from scoring_server.engines import core_devices_of, engine_args, engine_environment, environment
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +60,11 @@ class _Stop(Exception):
 
 @dataclass
 class _Engine:
-    """One model's engine core as the supervisor holds it."""
+    """One engine core of a model as the supervisor holds it."""
 
     settings: ModelSettings
+    core: int
+    devices: str
     vllm_config: VllmConfig
     listeners: EngineZmqListeners
     log_stats: bool
@@ -73,16 +76,20 @@ class _Engine:
     workers: list[psutil.Process] = field(default_factory=list)
 
     @classmethod
-    def configure(cls, settings: ModelSettings, frontends: int) -> _Engine:
-        if int(settings.engine_args.get("data_parallel_size") or 1) > 1:
-            raise ValueError(
-                f"model {settings.name!r}: frontends > 1 with data_parallel_size > 1 is not supported"
-            )
-        with engine_environment(environment(settings)):
-            args = engine_args(settings, frontends, -1)
-            vllm_config = args.create_engine_config(UsageContext.OPENAI_API_SERVER)
-        listeners = bind_engine_zmq_listeners(vllm_config, frontends)
-        return cls(settings, vllm_config, listeners, not args.disable_log_stats, _SPAWN.Event())
+    def configure(cls, settings: ModelSettings, frontends: int) -> list[_Engine]:
+        """The model's cores (`data_parallel_size`), each with listeners for every front-end."""
+        engines = []
+        for core, devices in enumerate(core_devices_of(settings)):
+            with engine_environment({**environment(settings), **device_environment(devices)}):
+                args = engine_args(settings, frontends, -1)
+                vllm_config = args.create_engine_config(UsageContext.OPENAI_API_SERVER)
+            listeners = bind_engine_zmq_listeners(vllm_config, frontends)
+            engines.append(cls(settings, core, devices, vllm_config, listeners, not args.disable_log_stats, _SPAWN.Event()))
+        return engines
+
+    @property
+    def label(self) -> str:
+        return f"engine core {self.core} of {self.settings.name}"
 
     def slot(self, index: int, count: int) -> EngineClientSlot:
         inputs, outputs = self.listeners.inputs[index], self.listeners.outputs[index]
@@ -101,7 +108,7 @@ class _Engine:
     def launch(self, frontends: list[BaseProcess]) -> None:
         """Starts the engine core and returns once it has loaded its model (vLLM's startup
         handshake, which also gives up if a front-end dies meanwhile)."""
-        with engine_environment(environment(self.settings)):
+        with engine_environment({**environment(self.settings), **device_environment(self.devices)}):
             with launch_core_engines(
                 self.vllm_config, Executor.get_class(self.vllm_config), self.log_stats, self.listeners.addresses
             ) as launched:
@@ -155,13 +162,13 @@ def supervise(settings: ServerSettings, log_level: str) -> int:
     engines: list[_Engine] = []
     frontends: list[BaseProcess] = []
     try:
-        engines = [_Engine.configure(m, settings.frontends) for m in settings.models]
+        engines = [engine for m in settings.models for engine in _Engine.configure(m, settings.frontends)]
         frontends = _spawn_frontends(settings, engines, log_level)
         if settings.metrics_port is not None:
             _serve_metrics(settings, engines)
         for engine in engines:  # one after another, as a lone server starts them
             engine.launch(frontends)
-            logger.info("engine core of %s ready", engine.settings.name)
+            logger.info("%s ready", engine.label)
         gone = _wait_for_exit(frontends, engines)
         logger.error("%s exited; stopping the server", ", ".join(gone))
         dead = [engine for engine in engines if not engine.alive]
@@ -199,7 +206,9 @@ def _metrics_directory(settings: ServerSettings) -> Path | None:
 def _spawn_frontends(settings: ServerSettings, engines: list[_Engine], log_level: str) -> list[BaseProcess]:
     processes: list[BaseProcess] = []
     for index in range(settings.frontends):
-        slots = {e.settings.name: e.slot(index, settings.frontends) for e in engines}
+        slots: dict[str, list[EngineClientSlot]] = {}
+        for engine in engines:  # in core order
+            slots.setdefault(engine.settings.name, []).append(engine.slot(index, settings.frontends))
         process = _SPAWN.Process(
             target=run_frontend, args=(settings, slots, log_level), name=f"ScoringFrontend_{index}"
         )
@@ -212,7 +221,7 @@ def _spawn_frontends(settings: ServerSettings, engines: list[_Engine], log_level
     return processes
 
 
-def run_frontend(settings: ServerSettings, slots: dict[str, EngineClientSlot], log_level: str) -> None:
+def run_frontend(settings: ServerSettings, slots: dict[str, list[EngineClientSlot]], log_level: str) -> None:
     """A front-end process: the same server a lone process runs, as a client of the engines."""
     from scoring_server.app import run
     from scoring_server.cli import configure_logging
@@ -228,18 +237,21 @@ def _serve_metrics(settings: ServerSettings, engines: list[_Engine]) -> None:
     from scoring_server.metrics import ModelState, serve_metrics
 
     def states() -> list[ModelState]:
+        cores: dict[str, list[_Engine]] = {}
+        for engine in engines:
+            cores.setdefault(engine.settings.name, []).append(engine)
         return [
             ModelState(
-                e.settings.name,
-                e.settings.kind.value,
-                e.settings.dtype,
-                e.settings.served_matmul_precision(),
-                ",".join(e.vllm_config.model_config.architectures or []),
-                _rerank_mode(e),
-                e.alive,
+                first.settings.name,
+                first.settings.kind.value,
+                first.settings.dtype,
+                first.settings.served_matmul_precision(),
+                ",".join(first.vllm_config.model_config.architectures or []),
+                _rerank_mode(first),
+                tuple(core.alive for core in [first, *others]),
                 None,  # the front-ends publish theirs (scoring_server.metrics.SHARED_STATE_ENTRIES)
             )
-            for e in engines
+            for first, *others in cores.values()
         ]
 
     registry = CollectorRegistry()
@@ -261,7 +273,7 @@ def _wait_for_exit(frontends: list[BaseProcess], engines: list[_Engine]) -> list
     processes = {p.sentinel: p for p in frontends}
     for engine in engines:
         for p in engine.processes:
-            watched[p.sentinel] = f"engine core of {engine.settings.name} (exit code {{}})"
+            watched[p.sentinel] = f"{engine.label} (exit code {{}})"
             processes[p.sentinel] = p
     ended = wait(list(watched))
     for sentinel in ended:

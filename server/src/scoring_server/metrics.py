@@ -81,7 +81,7 @@ class ModelState:
     float32_matmul_precision: str | None  # None where the dtype is not float32
     architecture: str
     mode: str
-    ready: bool
+    cores_up: tuple[bool, ...]  # each engine core's (one unless data-parallel)
     pending_states: int | None
 
 
@@ -95,7 +95,7 @@ def served_states(registry: ModelRegistry) -> list[ModelState]:
             model.settings.served_matmul_precision(),
             model.architecture,
             model.processor.settings.mode.value if isinstance(model.processor, RerankerIOProcessor) else "",
-            model.ready,
+            tuple(model.processor is not None and core.up for core in model.cores),
             model.processor.pending_states if model.processor else 0,
         )
         for name, model in registry.models.items()
@@ -111,7 +111,9 @@ class ModelStateCollector(Collector):
     def collect(self) -> Iterable[GaugeMetricFamily]:
         labels = ["model", "kind", "dtype", "float32_matmul_precision", "architecture", "mode"]
         info = GaugeMetricFamily("scoring_model_info", "Served models (value 1).", labels=labels)
-        ready = GaugeMetricFamily("scoring_engine_ready", "1 when the model's engine serves.", labels=["model"])
+        ready = GaugeMetricFamily("scoring_engine_ready", "1 when every engine core of the model serves.", labels=["model"])
+        core_up = GaugeMetricFamily("scoring_engine_core_up", "1 when this engine core of the model serves.",
+                                    labels=["model", "core"])
         states = GaugeMetricFamily(STATE_ENTRIES_NAME, STATE_ENTRIES_HELP, labels=["model"])
         for model in self._states():
             info.add_metric(
@@ -119,10 +121,12 @@ class ModelStateCollector(Collector):
                  model.mode],
                 1,
             )
-            ready.add_metric([model.name], 1.0 if model.ready else 0.0)
+            ready.add_metric([model.name], 1.0 if all(model.cores_up) else 0.0)
+            for core, up in enumerate(model.cores_up):
+                core_up.add_metric([model.name, str(core)], 1.0 if up else 0.0)
             if model.pending_states is not None:
                 states.add_metric([model.name], model.pending_states)
-        yield from (info, ready)
+        yield from (info, ready, core_up)
         if states.samples:
             yield states
 

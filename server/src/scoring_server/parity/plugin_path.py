@@ -24,9 +24,10 @@ class PluginPath:
 
     @property
     def engine(self) -> AsyncLLM:
-        """The model's engine, for what the server never does itself (the benches' profiler)."""
-        assert self._served is not None and self._served.engine is not None
-        return self._served.engine
+        """The model's (first core's) engine, for what the server never does itself (the
+        benches' profiler)."""
+        assert self._served is not None and self._served.cores[0].engine is not None
+        return self._served.cores[0].engine
 
     @property
     def processor(self) -> Any:

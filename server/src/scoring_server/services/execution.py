@@ -61,7 +61,7 @@ class ModelExecutor:
                     f"no {self._kind.value} model named {name!r}",
                     field="model",
                 )
-        if not model.ready:
+        if not model.serving:
             raise ServiceError(
                 grpc.StatusCode.UNAVAILABLE, f"model {model.settings.name!r} is not ready"
             )
@@ -113,7 +113,7 @@ class ModelExecutor:
         arrived: float,
         time_remaining: float | None,
     ) -> Executed[Any]:
-        assert model.engine is not None and model.processor is not None
+        assert model.processor is not None
         name, processor = model.settings.name, model.processor
         parsed = time.perf_counter()
         try:
@@ -132,9 +132,10 @@ class ModelExecutor:
                 raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline passed before scoring")
             try:
                 async with asyncio.timeout(budget):
-                    with tracing.stage("engine"):
+                    with tracing.stage("engine"), model.route(items) as core:
+                        assert core.engine is not None
                         outputs = await _run_all(
-                            model.engine, engine_requests, request_id, tracing.engine_trace_headers()
+                            core.engine, engine_requests, request_id, tracing.engine_trace_headers()
                         )
             except TimeoutError:
                 raise ServiceError(

@@ -112,8 +112,14 @@ class InfoServicer(info_pb2_grpc.InfoServiceServicer):
                 if rerank.mode is RerankMode.CROSS_ENCODER:
                     info.num_labels = rerank.num_labels
                     info.score_label = rerank.score_label_name
-            if model.engine is not None:
-                info.engine_requests_in_flight = (
-                    model.engine.output_processor.get_num_unfinished_requests()
+            info.data_parallel_size = len(model.cores)
+            for core in model.cores:
+                info.cores.add(
+                    index=core.index, devices=core.devices, ready=core.up, items_in_flight=core.items_in_flight,
+                    calls_in_flight=core.calls_in_flight,
+                    engine_requests_in_flight=(
+                        core.engine.output_processor.get_num_unfinished_requests() if core.engine is not None else 0
+                    ),
                 )
+            info.engine_requests_in_flight = sum(core.engine_requests_in_flight for core in info.cores)
         return response
