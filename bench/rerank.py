@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import random
 import statistics
@@ -45,9 +46,11 @@ from harness import (
     ab_servers,
     ab_table,
     busy_cores,
+    channel_count,
     conditions,
     drive,
     free_port,
+    grpc_channels,
     grpc_serving,
     int_list,
     interleaved,
@@ -119,6 +122,8 @@ class Scenario:
     doc_length: str = "medium"
     # Our server's engine cores (`data_parallel_size`; the `grpc-dp` system: --data-parallel-size).
     data_parallel_size: int = 1
+    # Our server's front-end processes (`frontends`; the `grpc-frontends` system: --frontends).
+    frontends: int = 1
 
 
 GPU = Scenario("qwen3-0.6b-shaped", "bfloat16", 1024, 28, 16, 8, 128, 3072, 20, [1, 16, 64], 15.0, False, 0.5, 128)
@@ -303,17 +308,20 @@ def load_plan(scenario: Scenario, requests, docs_sweep: list[int]) -> tuple[Work
 
 
 class RunningServer(NamedTuple):
-    stub: Any
+    # One stub per connection (several front-ends: harness.channel_count); calls take them in turn.
+    stubs: list[Any]
     pid: int
     metrics_url: str
+
+    @property
+    def stub(self) -> Any:
+        return self.stubs[0]
 
 
 @asynccontextmanager
 async def grpc_reranker(model: Path, scenario: Scenario, work: Path, name: str = "grpc") -> AsyncIterator[RunningServer]:
     """Our server on the scenario's model, as configured for the benchmark; ``name`` its files'
     (``<name>-server.log``)."""
-    import grpc
-
     from scoring.v1 import rerank_pb2_grpc
 
     port, metrics_port = free_port(), free_port()
@@ -333,14 +341,14 @@ async def grpc_reranker(model: Path, scenario: Scenario, work: Path, name: str =
     if scenario.data_parallel_size > 1:
         settings["data_parallel_size"] = scenario.data_parallel_size
     write_server_config(config, port, [settings], metrics_port=metrics_port,
-                        inline_plan_items=scenario.inline_plan_items)
+                        inline_plan_items=scenario.inline_plan_items, frontends=scenario.frontends)
     log(f"{name}: starting our server")
     server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], log_path,
                    site_environment(scenario.server_site))
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            await wait_ready(grpc_serving(channel), server, log_path, "our server")
-            yield RunningServer(rerank_pb2_grpc.RerankServiceStub(channel), server.pid,
+        async with grpc_channels(f"127.0.0.1:{port}", channel_count(scenario.frontends)) as channels:
+            await wait_ready(grpc_serving(*channels), server, log_path, "our server")
+            yield RunningServer([rerank_pb2_grpc.RerankServiceStub(c) for c in channels], server.pid,
                                 f"http://127.0.0.1:{metrics_port}/metrics")
     finally:
         stop(server)
@@ -367,14 +375,14 @@ async def grpc_target(model: Path, scenario: Scenario, work: Path, label: str, n
     from scoring.v1 import rerank_pb2
 
     async with grpc_reranker(model, scenario, work, name) as server:
-        stub = server.stub
+        stubs = itertools.cycle(server.stubs)
 
         async def send(payload: tuple[str, list[str]]) -> int:
             query, documents = payload
             request = rerank_pb2.RerankRequest(query=query, activation=rerank_pb2.ACTIVATION_SIGMOID)
             for d in documents:
                 request.documents.add(text=d)
-            response = await stub.Rerank(request, timeout=60)
+            response = await next(stubs).Rerank(request, timeout=60)
             assert len(response.results) == len(documents)
             return response.usage.prompt_tokens
 
@@ -506,6 +514,7 @@ async def main_async(args: argparse.Namespace) -> Report:
                           server_site=args.base_site),
         "grpc-dp": ours("grpc-dp", f"grpc (ours, {args.data_parallel_size} engine cores)",
                         data_parallel_size=args.data_parallel_size),
+        "grpc-frontends": ours("grpc-frontends", f"grpc (ours, {args.frontends} front-ends)", frontends=args.frontends),
     }
     if scenario.pack_pairs:
         servers["grpc-eager"] = ours("grpc-eager", "grpc (ours, eager layers)", pack_graphs=False)
@@ -536,13 +545,14 @@ def main() -> None:
     parser.add_argument("--family", choices=sorted(FAMILIES), default="qwen3",
                         help="the model's architecture and shape (each GPU shape a published checkpoint's)")
     parser.add_argument("--systems", default="hf,grpc,vllm,plugin",
-                        help="of hf,grpc,grpc-base,grpc-dp,grpc-eager,grpc-piecewise,grpc-threads,vllm,plugin; "
+                        help="of hf,grpc,grpc-base,grpc-dp,grpc-frontends,grpc-eager,grpc-piecewise,grpc-threads,vllm,plugin; "
                              "with --dtype float32 also grpc-tf32x3 (float32_matmul_precision tf32x3)")
     parser.add_argument("--base-site", help="grpc-base: our server with the packages installed in this directory "
                                             "(pip install --target) first on its path: a baseline build, same run")
     parser.add_argument("--ab-rounds", type=int, default=0,
                         help="two of our servers (--systems, e.g. grpc,grpc-base) up at once, their levels "
                              "interleaved for this many rounds, and an A/B table (harness.interleaved)")
+    parser.add_argument("--frontends", type=int, default=4, help="grpc-frontends: our server's front-end processes")
     parser.add_argument("--data-parallel-size", type=int, default=2,
                         help="grpc-dp: our server with this many engine cores (one GPU each)")
     parser.add_argument("--work", default="/tmp/scoring-bench")

@@ -137,32 +137,64 @@ def test_rerank_bench_builds_and_serves_each_packed_family(
     assert level["tokens_per_item"] < 512
 
 
-@pytest.mark.parametrize(("script", "config"), [("rerank.py", "grpc-dp-server.yaml"), ("absa.py", "absa-grpc-dp-server.yaml")])
-def test_the_data_parallel_system_serves_from_two_engine_cores(tmp_path: Path, script: str, config: str) -> None:
+@pytest.mark.parametrize(("script", "systems", "labels"), [
+    ("rerank.py", "grpc-dp,grpc-frontends", ["grpc (ours, 2 engine cores)", "grpc (ours, 2 front-ends)"]),
+    ("absa.py", "grpc-dp", ["grpc (ours, 2 engine cores)"]),
+])
+def test_the_data_parallel_and_frontends_systems_serve(tmp_path: Path, script: str, systems: str, labels: list[str]) -> None:
     """`grpc-dp` (bench/h200_dp.sh on two GPUs): our server with --data-parallel-size engine
-    cores, every call answered."""
-    out = tmp_path / "results"
-    _bench(script, "--cpu-smoke", "--systems", "grpc-dp", "--data-parallel-size", "2", "--concurrency", "2",
-           *(["--docs-sweep", ""] if script == "rerank.py" else []), "--out", str(out), "--work", str(tmp_path / "work"))
-    (model,) = yaml.safe_load((tmp_path / "work" / config).read_text())["models"]
+    cores; rerank's `grpc-frontends`: with --frontends processes, calls over several
+    connections; every call answered."""
+    out, work = tmp_path / "results", tmp_path / "work"
+    _bench(script, "--cpu-smoke", "--systems", systems, "--data-parallel-size", "2", "--frontends", "2",
+           "--concurrency", "2", *(["--docs-sweep", ""] if script == "rerank.py" else []), "--out", str(out),
+           "--work", str(work))
+    prefix = "absa-" if script == "absa.py" else ""
+    (model,) = yaml.safe_load((work / f"{prefix}grpc-dp-server.yaml").read_text())["models"]
     assert model["data_parallel_size"] == 2
+    if script == "rerank.py":
+        assert yaml.safe_load((work / "grpc-frontends-server.yaml").read_text())["frontends"] == 2
     (report_file,) = out.glob("*.json")
-    (level,) = json.loads(report_file.read_text())["levels"]
-    assert level["system"] == "grpc (ours, 2 engine cores)" and level["errors"] == 0 and level["requests"] > 0
+    levels = json.loads(report_file.read_text())["levels"]
+    assert [level["system"] for level in levels] == labels
+    assert all(level["errors"] == 0 and level["requests"] > 0 for level in levels)
 
 
-def test_reference_dtype_check_cpu_smoke(tmp_path: Path) -> None:
-    """The reference run in bf16 against itself in fp32 on the rerank check's inputs: the
-    report counts orderings and the widest swapped gap, which can never exceed twice the
-    largest score error (a swap needs both scores to move towards each other)."""
-    out = tmp_path / "results"
-    _bench("reference_dtype_check.py", "--cpu-smoke", "--queries", "2", "--out", str(out),
-           "--work", str(tmp_path / "work"), timeout=600)
-    report = json.loads((out / "reference-dtype-check-qwen3-tiny.json").read_text())
-    assert report["queries"] == 2 and report["documents_per_query"] == 4
-    assert 0 < report["max_abs_diff_bf16_vs_fp32"] < 0.05  # bf16 rounding, not a broken model
-    assert 0 <= report["orderings_match_fp32"] <= 2
-    assert report["widest_inversion_fp32_gap"] <= 2 * report["max_abs_diff_bf16_vs_fp32"]
+def test_compute_bound_counts_projection_and_attention_flops() -> None:
+    """By hand: a causal call of a 2-token shared head and tails of 3 and 1 tokens; a
+    bidirectional pair of 4 tokens with a local window of 2 on two of three layers."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from compute_bound import Shape, call_flops, window_keys
+
+    qwen = Shape.of({"model_type": "qwen3", "hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,
+                     "num_key_value_heads": 1, "head_dim": 4, "intermediate_size": 16})
+    # Q 8x8, K and V 8x4, O 8x8, MLP 3 x 8x16: 2 x (64 + 64 + 64 + 384) per token per layer
+    assert qwen.projection_flops() == 1152 and qwen.attention_flops() == 32
+    flops, tokens = call_flops(qwen, [[1, 2, 5, 6, 7], [1, 2, 9]])
+    # head [1, 2]: 3 keys; tail of 3: 2*3 + 6 = 12; tail of 1: 2 + 1 = 3
+    assert tokens == 6 and flops == 2 * (1152 * 6 + 32 * 18)
+    modern = Shape.of({"model_type": "modernbert", "hidden_size": 8, "num_hidden_layers": 3, "num_attention_heads": 2,
+                       "intermediate_size": 4, "global_attn_every_n_layers": 3, "local_attention": 2})
+    assert window_keys(4, 2) == 2 + 3 + 3 + 2 and window_keys(4, None) == 16
+    flops, tokens = call_flops(modern, [[1, 2, 3, 4]])
+    # Wqkv 8x24, Wo 8x8, Wi 8x8, Wo 4x8: 2 x (192 + 64 + 64 + 32); layer 0 global, 1 and 2 local
+    assert tokens == 4 and flops == 3 * 704 * 4 + 32 * (16 + 2 * 10)
+
+
+def test_compute_bound_cpu_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "bounds.json"
+    done = _bench("compute_bound.py", "--cpu-smoke", "--calls", "4", "--work", str(tmp_path / "work"), "--out", str(out),
+                  "--gemm-tflops", "500", timeout=600)
+    bounds = {b["workload"]: b for b in json.loads(out.read_text())}
+    assert set(bounds) == {"rerank qwen3-tiny", "rerank bert-tiny", "rerank xlmr-tiny", "rerank modernbert-tiny",
+                           "ABSA modernbert-tiny"}
+    # the causal family computes its shared head once; the bidirectional ones every token
+    qwen = bounds["rerank qwen3-tiny"]
+    assert qwen["tokens_per_item_computed"] < qwen["tokens_per_item_sent"]
+    assert bounds["rerank bert-tiny"]["tokens_per_item_computed"] == bounds["rerank bert-tiny"]["tokens_per_item_sent"]
+    for b in bounds.values():
+        assert b["items_per_s_at_gemm"] == pytest.approx(b["items_per_s_at_peak"] * 500 / 989)
+    assert "| rerank qwen3-tiny | 4 |" in done.stdout
 
 
 def test_gpu_timeline_counts_busy_time_idle_gaps_and_steps() -> None:

@@ -150,6 +150,21 @@ def test_random_texts_agree_with_segmenting_the_whole_text() -> None:
                 assert evidence_bounds(text, start, end) == _expected(text, start, end), (text, start, end)
 
 
+@pytest.mark.parametrize(("text", "start", "end"), [
+    ("ab cd", 0, 5),  # ASCII all through: the span itself
+    ("  ab  ", 0, 6),  # blanks trimmed
+    ("a\r\nb", 2, 4),  # CR LF is one cluster: widened back over the CR
+    ("a\r\nb", 0, 2),  # and forward over the LF
+    ("cafe\u0301 x", 0, 4),  # an accent after the span's last ASCII letter
+    ("\u06001 x", 1, 3),  # a prepended mark before the span's first ASCII digit
+    ("ab\u200dc", 0, 2),  # a joiner right after the span
+])
+def test_the_ascii_fast_path_agrees_with_segmenting(text: str, start: int, end: int) -> None:
+    """A span whose characters and neighbours are ASCII (no CR) skips segmentation; its edges
+    decide: a CR, or anything not ASCII beside the span, takes the segmenting path."""
+    assert evidence_bounds(text, start, end) == _expected(text, start, end)
+
+
 # ------------------------------------------------------------------ through real token offsets
 
 

@@ -295,8 +295,9 @@ class ServerSettings(BaseSettings):
     # thread. Image calls always load in threads.
     inline_plan_items: int = Field(default=32, ge=0)
     # ... and of at most this many characters of text: tokenizing holds the loop, and every
-    # other call's gRPC and health checks wait on it.
-    inline_plan_chars: int = Field(default=16_384, ge=0)
+    # other call's gRPC and health checks wait on it. Above a typical search call's size (a
+    # score or two of short documents), which keeps the inline path (see docs/decisions/).
+    inline_plan_chars: int = Field(default=32_768, ge=0)
     # gRPC front-end processes sharing each model's engine core (vLLM's `--api-server-count`).
     # One process's event loop (one core, GIL-bound) caps the small calls it can serve; more
     # front-ends multiply that.

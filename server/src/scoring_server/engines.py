@@ -149,7 +149,8 @@ class ModelRegistry:
         """
         for model in self.models.values():
             await asyncio.to_thread(_start, model)
-            logger.info("model %s ready (%s)", model.settings.name, model.architecture)
+            cores = f", {len(model.cores)} engine cores" if len(model.cores) > 1 else ""
+            logger.info("model %s ready (%s%s)", model.settings.name, model.architecture, cores)
             on_ready(model)
 
     def shutdown(self) -> None:
@@ -230,9 +231,8 @@ def _start(model: ServedModel) -> None:
     """Starts the model's cores one after another (their first compilation fills vLLM's cache,
     which the next ones read), each pinned to its devices."""
     try:
-        devices = core_devices_of(model.settings)
-        for core, core_devices in zip(model.cores, devices, strict=True):
-            core.devices = core_devices
+        for core, devices in zip(model.cores, core_devices_of(model.settings), strict=True):
+            core.devices = devices
             core.engine = _start_engine(model.settings, core)
         first = model.cores[0].engine
         assert first is not None

@@ -97,8 +97,25 @@ def evidence_bounds(text: str, start: int, end: int) -> tuple[int, int] | None:
     come back empty when they cover only part of one; cut at the tokens, the caller would get
     half a character (a lone regional indicator, an accent without its letter).
     """
+    if _single_code_point_clusters(text, start, end):
+        lo, hi = start, end
+        while lo < hi and text[lo].isspace():
+            lo += 1
+        while hi > lo and text[hi - 1].isspace():
+            hi -= 1
+        return (lo, hi) if lo < hi else None
     shown = [(lo, hi) for lo, hi in _clusters_overlapping(text, start, end) if not text[lo:hi].isspace()]
     return (shown[0][0], shown[-1][1]) if shown else None
+
+
+def _single_code_point_clusters(text: str, start: int, end: int) -> bool:
+    """Whether every cluster overlapping [start, end) is one code point, with boundaries at
+    both ends: so when the span and one character either side are ASCII without a carriage
+    return (CR LF is the only ASCII pair that joins; whatever else could join a character
+    to its neighbour, an extending mark, a joiner, a prepended mark, is not ASCII). The
+    common case, decided in C, instead of segmenting every pair's span on the event loop."""
+    window = text[max(start - 1, 0):end + 1]
+    return window.isascii() and "\r" not in window
 
 
 def _clusters_overlapping(text: str, start: int, end: int) -> list[tuple[int, int]]:
