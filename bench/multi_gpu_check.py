@@ -1,6 +1,7 @@
-"""Engine arguments pass through to vLLM: our server with tensor parallelism 2, then data
-parallelism 2, on a two-GPU host, checked against the Hugging Face reference (bf16 tolerance,
-same ordering). Not a benchmark: it proves the settings reach the engine and still score right.
+"""Our server on both GPUs of a two-GPU host: tensor parallelism 2 (vLLM's, an engine argument),
+then two data-parallel engine cores (the model's `data_parallel_size`), each checked against the
+Hugging Face reference (bf16 tolerance, same ordering). Not a benchmark: it proves the settings
+reach the engines and still score right.
 
     python bench/multi_gpu_check.py --out $OUT      # the nvidia-h200-x2 kind of the device tool
 """
@@ -16,7 +17,11 @@ from pathlib import Path
 from harness import device_memory_mib, free_port, grpc_serving, log, start, stop, wait_ready
 from rerank import GPU, build_model, make_requests, raw_scores
 
-LAYOUTS = {"tp2": {"tensor_parallel_size": 2}, "dp2": {"data_parallel_size": 2}}
+# Per layout: the engine arguments and the model settings it adds.
+LAYOUTS: dict[str, tuple[dict[str, int], dict[str, int]]] = {
+    "tp2": ({"tensor_parallel_size": 2}, {}),
+    "dp2": ({}, {"data_parallel_size": 2}),
+}
 
 
 async def scores_with(model: Path, layout: str, requests, work: Path) -> tuple[list[list[float]], list[int]]:  # type: ignore[no-untyped-def]
@@ -27,10 +32,11 @@ async def scores_with(model: Path, layout: str, requests, work: Path) -> tuple[l
 
     port = free_port()
     config = work / f"{layout}.yaml"
+    engine_args, settings = LAYOUTS[layout]
     config.write_text(yaml.safe_dump({"port": port, "host": "127.0.0.1", "models": [{
         "name": "reranker", "path": str(model), "dtype": "bfloat16", "rerank_mode": "cross_encoder",
         "max_model_len": 512, "gpu_memory_utilization": 0.3,
-        "engine_args": {"enforce_eager": True, **LAYOUTS[layout]},
+        "engine_args": {"enforce_eager": True, **engine_args}, **settings,
     }]}))
     log(f"{layout}: starting our server with {LAYOUTS[layout]}")
     server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], work / f"{layout}.log")
@@ -79,7 +85,7 @@ def main() -> None:
             sorted(range(len(e)), key=lambda i: -e[i]) == sorted(range(len(a)), key=lambda i: -a[i])
             for a, e in zip(actual, expected)
         )
-        report[layout] = {"engine_args": LAYOUTS[layout], "gpu_memory_mib_while_serving": memory,
+        report[layout] = {"engine_args": LAYOUTS[layout][0], "model_settings": LAYOUTS[layout][1], "gpu_memory_mib_while_serving": memory,
                           "max_abs_diff_vs_hf_bf16": max(diffs), "orderings_match": f"{orders}/{len(expected)}"}
         log(f"{layout}: {report[layout]}")
     out = Path(args.out)
