@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 # "livesum": with several front-end processes, each routes its own calls; the sum over those
 # alive is what a core holds.
-PAIRS_IN_FLIGHT = Gauge(
+ITEMS_IN_FLIGHT = Gauge(
     "scoring_engine_core_items_in_flight",
     "Items (pairs, images) of calls now on each engine core of a data-parallel model.",
     ["model", "core"], multiprocess_mode="livesum",
@@ -86,18 +86,19 @@ class EngineCore:
 
     @contextmanager
     def holding(self, items: int) -> Iterator[EngineCore]:
+        """This core, counted as holding a call of `items` until the block ends, however it ends."""
         labels = (self.model, str(self.index))
         self.items_in_flight += items
         self.calls_in_flight += 1
         self.items_routed += items
-        PAIRS_IN_FLIGHT.labels(*labels).inc(items)
+        ITEMS_IN_FLIGHT.labels(*labels).inc(items)
         CALLS_ROUTED.labels(*labels).inc()
         try:
             yield self
         finally:
             self.items_in_flight -= items
             self.calls_in_flight -= 1
-            PAIRS_IN_FLIGHT.labels(*labels).dec(items)
+            ITEMS_IN_FLIGHT.labels(*labels).dec(items)
 
 
 def route(cores: list[EngineCore], items: int) -> AbstractContextManager[EngineCore]:
