@@ -119,7 +119,9 @@ def _engine_cores(pid: int) -> list[psutil.Process]:
 
 
 def test_a_dead_core_fails_its_calls_while_the_other_keeps_serving(tmp_path: Path) -> None:
-    """Health goes NOT_SERVING at once; the calls on the dead core fail with UNAVAILABLE; calls
+    """Health goes NOT_SERVING within a second (the server watches its cores' processes itself:
+    vLLM's own monitor waits for pipes the core's children hold); the calls on the dead core
+    fail with UNAVAILABLE; calls
     arriving during `engine_failure_linger_s` (4 s here) are answered by the live core; then the server
     exits non-zero and leaves no process behind."""
     config = tmp_path / "server.yaml"
@@ -161,12 +163,13 @@ def test_a_dead_core_fails_its_calls_while_the_other_keeps_serving(tmp_path: Pat
         killed = time.monotonic()
         statuses, infos = [], []
         with server.client(timeout=2.0) as client:
-            while time.monotonic() - killed < 1.5:
+            while time.monotonic() - killed < 3.0 and "NOT_SERVING" not in statuses:
                 statuses.append(client.health(f"{SERVICE}/{MODEL}"))
                 time.sleep(0.05)
+            noticed = time.monotonic() - killed
             (info,) = client.info().models
             infos.append(info)
-        assert "NOT_SERVING" in statuses, statuses
+        assert "NOT_SERVING" in statuses and noticed < 1.0, (noticed, statuses)
         assert not infos[0].ready and sorted(c.ready for c in infos[0].cores) == [False, True]
         while time.monotonic() - killed < 5.0 and server.process.poll() is None:
             time.sleep(0.1)

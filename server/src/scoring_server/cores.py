@@ -73,16 +73,27 @@ class EngineCore:
         return self.engine is not None and not self.engine.errored
 
     def notice_death(self) -> None:
-        """A client of an engine it did not launch has no process to watch: the supervisor
-        watches and sets `slot.engine_dead`. Then this does what vLLM's own monitor does for an
-        engine it launched (`MPClient.start_engine_core_monitor`): mark it dead and shut the
-        client, so calls in flight fail with EngineDeadError at once and `errored` is true."""
-        if self.slot is None or self.engine is None or not self.slot.engine_dead.is_set():
+        """Marks a dead core's engine dead and shuts its client, so calls in flight fail with
+        EngineDeadError at once and `errored` is true: what vLLM's own monitor does
+        (`MPClient.start_engine_core_monitor`), sooner. That monitor waits for the process's
+        sentinel pipe, which the core's own children (its executor's workers, compile workers)
+        hold open until they notice their parent is gone, seconds later; this process, the
+        core's parent, sees the exit at once. A client of a core it did not launch (one
+        front-end of several) has no process to watch: the supervisor watches and sets
+        `slot.engine_dead`."""
+        if self.engine is None or not self._died():
             return
         client = self.engine.engine_core
         if not client.resources.engine_dead:
             client.resources.engine_dead = True
             client.shutdown()
+
+    def _died(self) -> bool:
+        if self.slot is not None:
+            return self.slot.engine_dead.is_set()
+        manager = getattr(self.engine.engine_core.resources, "engine_manager", None) if self.engine else None
+        processes = getattr(manager, "processes", None) or []
+        return any(not process.is_alive() for process in processes)
 
     @contextmanager
     def holding(self, items: int) -> Iterator[EngineCore]:
