@@ -47,6 +47,9 @@ logger = logging.getLogger(__name__)
 
 # Beyond the drain grace, for a front-end to close its engine clients and exit.
 EXIT_MARGIN_S = 10.0
+# How often the supervisor checks its processes' exit status (the lone server's engine watch
+# interval), beside their sentinels.
+EXIT_POLL_S = 0.2
 # An engine's workers get this long to exit after SIGTERM once their core has stopped.
 WORKER_GRACE_S = 5.0
 _METRICS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
@@ -268,17 +271,20 @@ def _rerank_mode(engine: _Engine) -> str:
 
 
 def _wait_for_exit(frontends: list[BaseProcess], engines: list[_Engine]) -> list[str]:
-    """Blocks until a front-end or an engine process exits; names what did."""
-    watched = {p.sentinel: f"front-end {i} (exit code {{}})" for i, p in enumerate(frontends)}
-    processes = {p.sentinel: p for p in frontends}
-    for engine in engines:
-        for p in engine.processes:
-            watched[p.sentinel] = f"{engine.label} (exit code {{}})"
-            processes[p.sentinel] = p
-    ended = wait(list(watched))
-    for sentinel in ended:
-        processes[sentinel].join(5)  # the sentinel can fire just before the exit status is there
-    return [watched[s].format(processes[s].exitcode) for s in ended]
+    """Blocks until a front-end or an engine process exits; names what did.
+
+    The sentinels wake it at once for a front-end. An engine core's sentinel is a pipe its own
+    children (executor and compile workers) inherit and hold open until they notice their parent
+    is gone, seconds later, so every process's exit status is also polled: `is_alive` reaps this
+    process's own child as soon as it has exited (decision 0029)."""
+    named = [(p, f"front-end {i}") for i, p in enumerate(frontends)]
+    named += [(p, engine.label) for engine in engines for p in engine.processes]
+    sentinels = [p.sentinel for p, _ in named]
+    while True:
+        wait(sentinels, timeout=EXIT_POLL_S)
+        ended = [(p, name) for p, name in named if not p.is_alive()]
+        if ended:
+            return [f"{name} (exit code {p.exitcode})" for p, name in ended]
 
 
 def _join(processes: list[BaseProcess], timeout: float) -> None:
