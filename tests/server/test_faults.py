@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
 import psutil
 import pytest
 
+from support.load import ClosedLoop
 from support.servers import DEMO_DIR, start_server, stop_server
 from scoring.v1 import absa_pb2, absa_pb2_grpc
 
@@ -34,61 +36,47 @@ def test_engine_death_fails_in_flight_calls_fast_and_exits_nonzero(tmp_path: Pat
         tmp_path / "server.log",
         wait_service="scoring.v1.AbsaService",
     )
-    calls: list[tuple[float, float, grpc.StatusCode]] = []
-    stop = threading.Event()
+    request = absa_pb2.AnalyzeRequest()
+    for i in range(32):
+        request.pairs.add(aspect=f"aspect {i}", review=REVIEW)
 
-    def load() -> None:
-        request = absa_pb2.AnalyzeRequest()
-        for i in range(32):
-            request.pairs.add(aspect=f"aspect {i}", review=REVIEW)
+    @contextmanager
+    def caller() -> Iterator[Callable[[], object]]:
         # A connection per thread: with several front-ends, the kernel spreads connections.
         with grpc.insecure_channel(server.target, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
             stub = absa_pb2_grpc.AbsaServiceStub(channel)
-            while not stop.is_set():
-                started = time.monotonic()
-                try:
-                    stub.Analyze(request, timeout=30)
-                    code = grpc.StatusCode.OK
-                except grpc.RpcError as error:
-                    code = error.code()
-                calls.append((started, time.monotonic(), code))
+            yield lambda: stub.Analyze(request, timeout=30)
 
     try:
-        threads = [threading.Thread(target=load) for _ in range(4)]
-        for thread in threads:
-            thread.start()
-        time.sleep(2.0)
-        assert any(code == grpc.StatusCode.OK for *_, code in calls), calls
-        processes = psutil.Process(server.process.pid).children(recursive=True)
-        os.kill(_engine_core(server.process.pid).pid, signal.SIGKILL)
-        killed = time.monotonic()
-        statuses = []
-        with server.client(timeout=1.0) as client:
-            while time.monotonic() - killed < 1.5:
-                try:
-                    statuses.append(client.health("scoring.v1.AbsaService/absa-bert"))
-                except Exception:
-                    statuses.append("NO_ANSWER")
-                time.sleep(0.05)
-        assert "NOT_SERVING" in statuses, statuses
-        stop.set()
-        for thread in threads:
-            thread.join(30)
-        in_flight = [(s, e, c) for s, e, c in calls if s < killed < e]
+        with ClosedLoop(caller) as load:
+            time.sleep(2.0)
+            assert grpc.StatusCode.OK in {call.code for call in load.calls}, load.calls
+            processes = psutil.Process(server.process.pid).children(recursive=True)
+            os.kill(_engine_core(server.process.pid).pid, signal.SIGKILL)
+            killed = time.monotonic()
+            statuses = []
+            with server.client(timeout=1.0) as client:
+                while time.monotonic() - killed < 1.5:
+                    try:
+                        statuses.append(client.health("scoring.v1.AbsaService/absa-bert"))
+                    except Exception:
+                        statuses.append("NO_ANSWER")
+                    time.sleep(0.05)
+            assert "NOT_SERVING" in statuses, statuses
+        in_flight = load.in_flight_at(killed)
         assert in_flight, "no call was in flight when the engine died"
-        for started, ended, code in in_flight:
+        for call in in_flight:
             # OK only for work the engine had already returned when it was killed.
-            assert code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.OK), (code, ended - killed)
+            assert call.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.OK), call
             # Fast: far inside the calls' 30 s deadline (noticing the death takes up to about a
             # second on the two-core CI box).
-            assert ended - killed < 2.0, f"an in-flight call took {ended - killed:.2f} s to end"
-        assert grpc.StatusCode.UNAVAILABLE in {c for *_, c in in_flight}
-        after = [c for s, _, c in calls if s > killed]
-        assert after and set(after) == {grpc.StatusCode.UNAVAILABLE}, set(after)
+            assert call.ended - killed < 2.0, f"an in-flight call took {call.ended - killed:.2f} s to end"
+        assert grpc.StatusCode.UNAVAILABLE in {call.code for call in in_flight}
+        after = {call.code for call in load.started_after(killed)}
+        assert after == {grpc.StatusCode.UNAVAILABLE}, after
         assert server.process.wait(60) == 1, server.log_tail()
         assert "engine died" in server.log.read_text()
         _, alive = psutil.wait_procs(processes, timeout=30)
         assert not alive, f"left running: {alive}"
     finally:
-        stop.set()
         stop_server(server)
