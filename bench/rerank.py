@@ -517,6 +517,9 @@ async def main_async(args: argparse.Namespace) -> Report:
         "grpc-frontends": ours("grpc-frontends", f"grpc (ours, {args.frontends} front-ends)", frontends=args.frontends),
     }
     if scenario.pack_pairs:
+        # vLLM's own forward (its compilation and CUDA graphs, varlen attention within each
+        # request): every pair its own engine request, the call's requests batched into steps.
+        servers["grpc-unpacked"] = ours("grpc-unpacked", "grpc (ours, unpacked: a request per pair)", pack_pairs=False)
         servers["grpc-eager"] = ours("grpc-eager", "grpc (ours, eager layers)", pack_graphs=False)
         servers["grpc-piecewise"] = ours("grpc-piecewise", "grpc (ours, piecewise graphs only)", pack_full_graph_tokens=0)
         if scenario.dtype == "float32":
@@ -545,7 +548,7 @@ def main() -> None:
     parser.add_argument("--family", choices=sorted(FAMILIES), default="qwen3",
                         help="the model's architecture and shape (each GPU shape a published checkpoint's)")
     parser.add_argument("--systems", default="hf,grpc,vllm,plugin",
-                        help="of hf,grpc,grpc-base,grpc-dp,grpc-frontends,grpc-eager,grpc-piecewise,grpc-threads,vllm,plugin; "
+                        help="of hf,grpc,grpc-base,grpc-dp,grpc-frontends,grpc-unpacked,grpc-eager,grpc-piecewise,grpc-threads,vllm,plugin; "
                              "with --dtype float32 also grpc-tf32x3 (float32_matmul_precision tf32x3)")
     parser.add_argument("--base-site", help="grpc-base: our server with the packages installed in this directory "
                                             "(pip install --target) first on its path: a baseline build, same run")

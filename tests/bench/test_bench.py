@@ -138,13 +138,15 @@ def test_rerank_bench_builds_and_serves_each_packed_family(
 
 
 @pytest.mark.parametrize(("script", "systems", "labels"), [
-    ("rerank.py", "grpc-dp,grpc-frontends", ["grpc (ours, 2 engine cores)", "grpc (ours, 2 front-ends)"]),
+    ("rerank.py", "grpc-dp,grpc-frontends,grpc-unpacked",
+     ["grpc (ours, 2 engine cores)", "grpc (ours, 2 front-ends)", "grpc (ours, unpacked: a request per pair)"]),
     ("absa.py", "grpc-dp", ["grpc (ours, 2 engine cores)"]),
 ])
 def test_the_data_parallel_and_frontends_systems_serve(tmp_path: Path, script: str, systems: str, labels: list[str]) -> None:
     """`grpc-dp` (bench/h200_dp.sh on two GPUs): our server with --data-parallel-size engine
     cores; rerank's `grpc-frontends`: with --frontends processes, calls over several
-    connections; every call answered."""
+    connections; rerank's `grpc-unpacked`: packing off (vLLM's own forward, a request per pair);
+    every call answered."""
     out, work = tmp_path / "results", tmp_path / "work"
     _bench(script, "--cpu-smoke", "--systems", systems, "--data-parallel-size", "2", "--frontends", "2",
            "--concurrency", "2", *(["--docs-sweep", ""] if script == "rerank.py" else []), "--out", str(out),
@@ -154,6 +156,8 @@ def test_the_data_parallel_and_frontends_systems_serve(tmp_path: Path, script: s
     assert model["data_parallel_size"] == 2
     if script == "rerank.py":
         assert yaml.safe_load((work / "grpc-frontends-server.yaml").read_text())["frontends"] == 2
+        (unpacked,) = yaml.safe_load((work / "grpc-unpacked-server.yaml").read_text())["models"]
+        assert unpacked["packing"]["enabled"] is False
     (report_file,) = out.glob("*.json")
     levels = json.loads(report_file.read_text())["levels"]
     assert [level["system"] for level in levels] == labels
