@@ -39,3 +39,28 @@ def test_a_candidate_wins_only_by_the_margin() -> None:
     assert clear_winner({"a": 0.90, "b": 0.95}, 1.0) == "a"
     assert clear_winner({"a": 0.98}, 1.0) is None  # inside 3%: timing noise, not a win
     assert clear_winner({}, 1.0) is None
+
+
+def _report(rows: int, fused_ms: float, difference: float, unfused_ms: float = 1.0) -> dict[str, float]:
+    return {"rows": rows, "relative_difference": difference, "unfused_ms": unfused_ms, "fused_ms": fused_ms}
+
+
+def test_a_residual_path_with_identical_outputs_wins_by_any_amount() -> None:
+    from scoring_plugin.packed.mlp_fusions import residual_plan
+
+    assert residual_plan([_report(256, 1.01, 0.0), _report(4096, 0.99, 0.0)]) == ((256, False), (4096, True))
+
+
+def test_a_residual_path_that_rounds_differently_wins_only_by_the_margin() -> None:
+    """ModernBERT's out-of-place adds (probe difference ~0.003 on the H100): near a tie the
+    choice flipped between two starts of one build (run24), and with it the scores' last bits."""
+    from scoring_plugin.packed.mlp_fusions import residual_plan
+
+    reports = [_report(1024, 0.95, 0.003), _report(4096, 0.995, 0.003), _report(16384, 0.98, 0.0)]
+    assert residual_plan(reports) == ((1024, True), (4096, False), (16384, False))
+
+
+def test_a_residual_path_that_missed_its_probe_is_never_taken() -> None:
+    from scoring_plugin.packed.mlp_fusions import residual_plan
+
+    assert residual_plan([_report(256, 0.5, 0.0), _report(1024, 0.5, 0.5)]) == ((256, False), (1024, False))

@@ -73,8 +73,8 @@ def plain_gemm(linear: nn.Module) -> bool:
 # A candidate path whose rounding differs from the path it would replace (the gate/up tiles) is
 # chosen where it is at least 3% faster: near a tie the winner would change from one start to the
 # next with timing noise, and with it the scores' last bf16 bit (the fused path rounds once where
-# the unfused one rounds twice). A path with identical outputs (the projection into the residual)
-# needs no margin: a flip near a tie moves no score.
+# the unfused one rounds twice). A path with identical outputs (Qwen3's projection into the
+# residual) needs no margin: a flip near a tie moves no score (mlp_fusions.residual_plan).
 MARGIN = 0.97
 
 
