@@ -97,7 +97,11 @@ ab)
         --scenario "${AB_SCENARIO:-bf16}" --concurrency "${AB_CONCURRENCY:-1,32}" --seconds-per-level "${AB_SECONDS:-8}" \
         --work /tmp/bw --out "$OUT/ab" \
         2>&1 | sed -n "/^| system/,\$p"
-    grep -h "MLP fusions\|timings (ms)" /tmp/bw/absa-grpc-server.log | cut -c1-900 || true
+    # Each side's start-up kernel plans: near a margin two starts can choose differently, which
+    # moves the loaded levels by a few percent (docs/performance.md, harness noise).
+    for side in grpc grpc-base; do
+        echo "$side: $(grep -h "MLP fusions" /tmp/bw/absa-$side-server.log | sed 's/.*residual at \(.*\) (\[{.*plan /residual \1, gate\/up plan /')"
+    done
     ;;
 tf32-ab)
     python3 -m pip install -q --no-deps --upgrade --target /tmp/site-base "../${WHL_BASE:-.whl-base}"/*.whl
