@@ -76,9 +76,8 @@ class ClosedLoop:
 
 def wait_for_exit(pid: int, timeout_s: float = 30.0) -> float:
     """When (time.monotonic) process ``pid`` was first seen exited: gone, or a zombie its parent
-    has not reaped yet. A SIGKILLed process can take seconds to finish exiting on a loaded
-    machine (its threads must be scheduled to tear it down), and nothing can notice its exit
-    earlier than that: the engine-death tests time what the server does from this moment."""
+    has not reaped yet. Nothing can notice an exit before it has happened, so the engine-death
+    tests time what the server does from this moment rather than from the kill."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
