@@ -5,15 +5,16 @@
 #                                     # ours in one run (~7 min): docs/performance.md's rerank table
 #   sh bench/h200_rerank.sh published # the same shape as Qwen3-Reranker is published (Qwen3ForCausalLM):
 #                                     # ours (recognized, packed) and vllm serve /rerank (with the
-#                                     # hf_overrides vLLM prescribes), c=1/16/64 and one document (~5 min)
+#                                     # hf_overrides vLLM prescribes), c=1/16/64 and one document, c=16
+#                                     # at short and long pairs; the packed path's parity (bf16 and
+#                                     # fp32) against the model card's formula (~6 min)
 #   FAMILY=bert sh bench/h200_rerank.sh family  # another packed family at its published shape
 #                                     # (bert: ms-marco MiniLM-L-12, xlmr: bge-reranker-v2-m3,
 #                                     # modernbert: gte-reranker-modernbert-base): HF,
-#                                     # vllm serve /rerank and ours, c=1/16/64 and one document; then
-#                                     # the packed path's parity (bf16 and fp32) against the fp32
+#                                     # vllm serve /rerank and ours, c=1/16/64 and one document, c=16
+#                                     # at short (~50-token) and long (~420-token) pairs; then the
+#                                     # packed path's parity (bf16 and fp32) against the fp32
 #                                     # reference, 4 queries x 20 documents (~5 min)
-#   FAMILY=bert sh bench/h200_rerank.sh lengths  # c=16 at short (~50-token) and long (~420-token)
-#                                     # pairs, ours against vllm serve /rerank (~3 min)
 #   sh bench/h200_rerank.sh check     # parity bf16 of the packed path against the fp32 HF
 #                                     # reference, and the HF reference's own bf16 orderings (~3.5 min)
 #   sh bench/h200_rerank.sh fp32-parity  # float32 with 3xTF32 projections against IEEE float32 and
@@ -55,6 +56,17 @@ packed_parity() {
         "$@" --pack-pairs --json "$OUT/$json" 2>&1 | tail -30
 }
 
+# packed_dtypes_parity MODEL OUT: scoring-parity of the packed path in bf16 and in fp32 against the
+# fp32 reference (the checkpoint's own: sentence-transformers' formula, or the model card's for a
+# published Qwen3-Reranker), 4 queries x 20 of the bench's documents
+packed_dtypes_parity() {
+    python3 -c "import json, rerank; print('\n'.join(json.dumps({'query': q, 'documents': d}) for q, d in rerank.make_requests(4, 20, seed=11)))" > /tmp/queries.jsonl
+    for dtype in bfloat16 float32; do
+        python3 -m scoring_server.parity --checkpoint "$1" --inputs /tmp/queries.jsonl \
+            --pack-pairs --dtype "$dtype" --json "$2/parity-packed-$dtype.json" 2>&1 | tail -14
+    done
+}
+
 case "$1" in
 check)
     python3 rerank_check.py --queries 6 --out "$OUT" 2>&1 | tail -14
@@ -66,24 +78,13 @@ systems)
     ;;
 family)
     python3 rerank.py --family "$FAMILY" --systems hf,grpc,vllm --seconds-per-level 6 --docs-sweep 1 \
-        --work "/tmp/bw-$FAMILY" --out "$OUT/$FAMILY" 2>&1 | sed -n "/^Rerank,/,\$p"
-    python3 -c "import json, rerank; print('\n'.join(json.dumps({'query': q, 'documents': d}) for q, d in rerank.make_requests(4, 20, seed=11)))" > /tmp/queries.jsonl
-    for dtype in bfloat16 float32; do
-        python3 -m scoring_server.parity --checkpoint /tmp/bw-"$FAMILY"/model-* --inputs /tmp/queries.jsonl \
-            --pack-pairs --dtype "$dtype" --json "$OUT/$FAMILY/parity-packed-$dtype.json" 2>&1 | tail -14
-    done
-    ;;
-lengths)
-    # c=16 with short (~50 tokens) and long (~420 tokens) pairs, ours against vllm serve /rerank
-    for length in short long; do
-        python3 rerank.py --family "${FAMILY:-qwen3}" --systems grpc,vllm --concurrency 16 --docs-sweep "" \
-            --doc-length "$length" --seconds-per-level 6 --work "/tmp/bw-${FAMILY:-qwen3}" \
-            --out "$OUT/${FAMILY:-qwen3}" 2>&1 | sed -n "/^Rerank,/,/^$/p"
-    done
+        --length-sweep short,long --work "/tmp/bw-$FAMILY" --out "$OUT/$FAMILY" 2>&1 | sed -n "/^Rerank,/,\$p"
+    packed_dtypes_parity /tmp/bw-"$FAMILY"/model-* "$OUT/$FAMILY"
     ;;
 published)
-    python3 rerank.py --published --systems grpc,vllm --seconds-per-level 8 --docs-sweep 1 --work /tmp/bw \
-        --out "$OUT/published" 2>&1 | tail -30
+    python3 rerank.py --published --systems grpc,vllm --seconds-per-level 8 --docs-sweep 1 --length-sweep short,long \
+        --work /tmp/bw-published --out "$OUT/published" 2>&1 | sed -n "/^Rerank,/,\$p"
+    packed_dtypes_parity /tmp/bw-published/model-* "$OUT/published"
     ;;
 variants)
     python3 rerank.py --systems grpc --grpc-engine-args '{"async_scheduling": true}' --work /tmp/bw \

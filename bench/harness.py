@@ -48,6 +48,13 @@ class Level:
     gpu_memory_mib: int | None = None
     # Mean latency the client saw: beside the server's means, what the server's stages leave out.
     mean_ms: float | None = None
+    # What else sets the level's inputs apart (Workload.variant); "" for the scenario's own.
+    variant: str = ""
+
+    @property
+    def workload(self) -> str:
+        """The level's inputs as a table cell: items per request, and the variant if any."""
+        return f"{self.items_per_request} ({self.variant})" if self.variant else str(self.items_per_request)
 
 
 @dataclass
@@ -106,6 +113,9 @@ class Workload:
     items_per_request: int
     concurrency: int
     seconds: float
+    # Inputs other than the scenario's own at the same request size (e.g. "short docs"): tables
+    # and ratios keep such a level apart from the main level of that size and concurrency.
+    variant: str = ""
 
 
 # Starts one of our servers and yields it ready, stopping it on the way out.
@@ -151,7 +161,7 @@ async def interleaved(targets: Sequence[Target], warm_up: Workload, workloads: S
                 label = target.label if rounds == 1 else f"{target.label} #{round_ + 1}"
                 levels.append(await closed_loop(target.send, workload.payloads, workload.items_per_request,
                                                 workload.concurrency, workload.seconds, label, target.pid,
-                                                target.metrics_url))
+                                                target.metrics_url, workload.variant))
     return levels
 
 
@@ -168,12 +178,12 @@ def ab_table(levels: Sequence[Level]) -> list[str]:
     if len(labels) != 2:
         return []
     a, b = labels
-    by = {(split(l), l.items_per_request, l.concurrency): l for l in levels}
+    by = {(split(l), l.workload, l.concurrency): l for l in levels}
     ran = {id(level): position for position, level in enumerate(levels)}
     lines = ["", f"A/B, interleaved: {a} (A) against {b} (B) (>1: A faster), per round, then the median:", "",
              "| items/request | concurrency | items/s ratio per round | p50 ratio per round | ran first | "
              "median items/s ratio | median p50 ratio |", "|---|---|---|---|---|---|---|"]
-    workloads = dict.fromkeys((l.items_per_request, l.concurrency) for l in levels)
+    workloads = dict.fromkeys((l.workload, l.concurrency) for l in levels)
     rounds = list(dict.fromkeys(split(l)[1] for l in levels if split(l)[1]))
     for items, concurrency in workloads:
         both = [(by[((a, r), items, concurrency)], by[((b, r), items, concurrency)]) for r in rounds
@@ -445,6 +455,7 @@ async def closed_loop(
     system: str,
     server_pid: int | None = None,
     metrics_url: str | None = None,
+    variant: str = "",
 ) -> Level:
     """`send(payload)` returns the tokens the server reports for the request (equal work)."""
     latencies: list[float] = []
@@ -484,8 +495,8 @@ async def closed_loop(
     level = Level(system, n, concurrency, len(latencies), len(latencies) * n, elapsed,
                   len(latencies) * n / elapsed, pct(0.5), pct(0.95), pct(0.99), errors,
                   sum(tokens) / max(1, len(tokens) * n), cores, stages, memory,
-                  mean_ms=round(statistics.fmean(latencies) * 1e3, 2) if latencies else None)
-    log(f"{system} items={n} c={concurrency}: {level.items_per_s:,.0f} items/s, p50 {level.p50_ms:.1f} ms, "
+                  mean_ms=round(statistics.fmean(latencies) * 1e3, 2) if latencies else None, variant=variant)
+    log(f"{system} items={level.workload} c={concurrency}: {level.items_per_s:,.0f} items/s, p50 {level.p50_ms:.1f} ms, "
         f"p95 {level.p95_ms:.1f} ms, errors {errors}" + (f", server cores {cores}" if cores else "")
         + (f", stages ms {stages}" if stages else ""))
     return level
@@ -522,7 +533,7 @@ def stage_table(levels: Sequence[Level]) -> list[str]:
     for l in rows:
         cells = " | ".join(str(l.server_stages_ms.get(n, "-")) for n in names)
         client = "-" if l.mean_ms is None else str(l.mean_ms)
-        lines.append(f"| {l.system} | {l.items_per_request} | {l.concurrency} | {client} | {cells} |")
+        lines.append(f"| {l.system} | {l.workload} | {l.concurrency} | {client} | {cells} |")
     return lines
 
 

@@ -22,8 +22,8 @@ def _levels(report: dict[str, Any]) -> dict[str, list[tuple[int, float, float, f
     lines: dict[str, list[tuple[int, float, float, float]]] = defaultdict(list)
     for level in report["levels"]:
         items = level.get("items_per_request", level.get("docs_per_request"))
-        if items is not None and items != size:
-            continue  # a request-size sweep point, not part of the concurrency curve
+        if (items is not None and items != size) or level.get("variant"):
+            continue  # a request-size or input sweep point, not part of the concurrency curve
         rate = level.get("items_per_s", level.get("pairs_per_s"))
         lines[level["system"]].append((level["concurrency"], rate, level["p50_ms"], level["p95_ms"]))
     return {system: sorted(points) for system, points in lines.items()}

@@ -120,6 +120,9 @@ class Scenario:
     smoke: bool = False
     # Documents' length (DOC_TERMS): "short", "medium" or "long".
     doc_length: str = "medium"
+    # More levels, at LENGTH_SWEEP_CONCURRENCY, with documents of these lengths (`--length-sweep`):
+    # one server start measures every length (a start with its compiles costs more than a level).
+    length_sweep: list[str] = field(default_factory=list)
     # Our server's engine cores (`data_parallel_size`; the `grpc-dp` system: --data-parallel-size).
     data_parallel_size: int = 1
     # Our server's front-end processes (`frontends`; the `grpc-frontends` system: --frontends).
@@ -297,13 +300,20 @@ def tokens_per_pair(model: Path, requests: list[tuple[str, list[str]]]) -> float
     return statistics.mean(counts)
 
 
+# The concurrency of the length sweep's levels: issue 37's short and long documents at c=16.
+LENGTH_SWEEP_CONCURRENCY = 16
+
+
 def load_plan(scenario: Scenario, requests, docs_sweep: list[int]) -> tuple[Workload, list[Workload]]:  # type: ignore[no-untyped-def]
     """The warm-up; the scenario's concurrency levels at its document count, then c=1 at each
-    sweep count (fixed per-request cost against per-pair cost)."""
+    sweep count (fixed per-request cost against per-pair cost), then each sweep length at
+    LENGTH_SWEEP_CONCURRENCY (the same document count, other documents)."""
     docs, seconds = scenario.docs_per_request, scenario.seconds_per_level
     warm_up = Workload(requests, docs, max(scenario.concurrency), min(5.0, seconds))
     levels = [Workload(requests, docs, c, seconds) for c in scenario.concurrency]
     levels += [Workload([(q, d[:fewer]) for q, d in requests], fewer, 1, seconds / 2) for fewer in docs_sweep]
+    levels += [Workload(make_requests(64, docs, length=length), docs, LENGTH_SWEEP_CONCURRENCY, seconds, f"{length} docs")
+               for length in scenario.length_sweep]
     return warm_up, levels
 
 
@@ -462,7 +472,7 @@ def bench_hf(model: Path, scenario: Scenario, requests) -> float:  # type: ignor
 
 
 def table(report: Report) -> str:
-    serve = {(l.items_per_request, l.concurrency): l.items_per_s for l in report.levels if l.system == "vllm serve /rerank"}
+    serve = {(l.workload, l.concurrency): l.items_per_s for l in report.levels if l.system == "vllm serve /rerank"}
     lines = [
         f"Rerank, {report.scenario['name']}, {report.scenario['dtype']}, "
         f"{report.tokens_per_item:.0f} tokens/pair, closed loop, {report.conditions['device']}",
@@ -472,9 +482,9 @@ def table(report: Report) -> str:
     ]
     for l in report.levels:
         lines.append(
-            f"| {l.system} | {l.items_per_request} | {l.concurrency} | {l.items_per_s:,.0f} | {l.p50_ms:.1f} | "
+            f"| {l.system} | {l.workload} | {l.concurrency} | {l.items_per_s:,.0f} | {l.p50_ms:.1f} | "
             f"{l.p95_ms:.1f} | {l.p99_ms:.1f} | {l.errors} | {l.tokens_per_item:.0f} | "
-            f"{ratio(l.items_per_s, serve.get((l.items_per_request, l.concurrency)))} | {ratio(l.items_per_s, report.hf_items_per_s)} | "
+            f"{ratio(l.items_per_s, serve.get((l.workload, l.concurrency)))} | {ratio(l.items_per_s, report.hf_items_per_s)} | "
             f"{mib(l.gpu_memory_mib)} | {busy_cores(l.server_cores)} |"
         )
     if report.hf_items_per_s:
@@ -494,6 +504,7 @@ async def main_async(args: argparse.Namespace) -> Report:
     scenario.docs_per_request = args.docs or scenario.docs_per_request
     scenario.dtype = args.dtype or scenario.dtype
     scenario.doc_length = args.doc_length
+    scenario.length_sweep = args.length_sweep
     if args.published:
         scenario.published, scenario.name = True, scenario.name.replace("qwen3", "qwen3-reranker-published")
     work = Path(args.work)
@@ -542,6 +553,13 @@ async def main_async(args: argparse.Namespace) -> Report:
     return report
 
 
+def length_list(text: str) -> list[str]:
+    lengths = [t for t in text.split(",") if t]
+    if unknown := sorted(set(lengths) - DOC_TERMS.keys()):
+        raise argparse.ArgumentTypeError(f"unknown document length {', '.join(unknown)}: of {', '.join(sorted(DOC_TERMS))}")
+    return lengths
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu-smoke", action="store_true")
@@ -567,6 +585,9 @@ def main() -> None:
     parser.add_argument("--doc-length", choices=sorted(DOC_TERMS), default="medium",
                         help="documents of ~50 (short), ~145 (medium) or ~420 (long) tokens a pair")
     parser.add_argument("--docs-sweep", type=int_list, default=[], help="e.g. 1,5,40: c=1 at these document counts")
+    parser.add_argument("--length-sweep", type=length_list, default=[],
+                        help=f"e.g. short,long: c={LENGTH_SWEEP_CONCURRENCY} with documents of these lengths "
+                             f"(of {','.join(sorted(DOC_TERMS))}), in the same server starts")
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--no-pack", action="store_true", help="our server without pair packing")
     parser.add_argument("--published", action="store_true",

@@ -96,7 +96,7 @@ def test_rerank_bench_serves_qwen3_reranker_as_published(tmp_path: Path) -> None
     gets the hf_overrides vLLM's docs prescribe; both answer every call."""
     out = tmp_path / "results"
     done = _bench("rerank.py", "--cpu-smoke", "--published", "--systems", "grpc,vllm", "--concurrency", "1",
-                  "--out", str(out), "--work", str(tmp_path / "work"), "--docs", "3")
+                  "--length-sweep", "short", "--out", str(out), "--work", str(tmp_path / "work"), "--docs", "3")
     (report_file,) = out.glob("*.json")
     report = json.loads(report_file.read_text())
     model = tmp_path / "work" / f"model-{report['scenario']['name']}"
@@ -105,6 +105,14 @@ def test_rerank_bench_serves_qwen3_reranker_as_published(tmp_path: Path) -> None
     assert all(level["errors"] == 0 and level["requests"] > 0 for level in report["levels"])
     assert "Qwen3ForCausalLM served as a reranker" in (tmp_path / "work" / "grpc-server.log").read_text()
     assert "| grpc (ours) | 3 | 1 |" in done.stdout
+    # --length-sweep: the same start serves the short documents at c=16, a level of its own,
+    # compared with vllm serve's level of the same inputs
+    (medium, short) = [level for level in report["levels"] if level["system"] == "grpc (ours)"]
+    assert (short["variant"], short["concurrency"], medium["variant"]) == ("short docs", 16, "")
+    assert short["tokens_per_item"] < 0.7 * medium["tokens_per_item"]
+    # the main table's row (the stage table's follows): its ratio against vllm serve's level
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| grpc (ours) | 3 (short docs) | 16 |"))
+    assert row.split(" | ")[9].endswith("x"), row
 
 
 @pytest.mark.parametrize(("family", "architecture", "packed", "length"), [
@@ -116,7 +124,7 @@ def test_rerank_bench_builds_and_serves_each_packed_family(
     tmp_path: Path, family: str, architecture: str, packed: str, length: str
 ) -> None:
     """--family: the family's architecture and tokenizer, served packed by ours (the `family`
-    and `lengths` runs of h200_rerank.sh), every call answered, the tokens each pair holds as
+    run of h200_rerank.sh), every call answered, the tokens each pair holds as
     ours counts them matching what the tokenizer makes of what was sent (at each --doc-length;
     long pairs stay under the 512-token pair limit)."""
     out = tmp_path / "results"
