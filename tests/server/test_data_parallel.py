@@ -121,12 +121,13 @@ def _engine_cores(pid: int) -> list[psutil.Process]:
 
 
 def test_a_dead_core_fails_its_calls_while_the_other_keeps_serving(tmp_path: Path) -> None:
-    """Health goes NOT_SERVING soon after the core's exit (within a second locally; the bound is looser) (the server watches its cores'
-    processes itself, where vLLM's own monitor waits for pipes the core's children hold, seconds
-    late; the exit itself can take seconds after the SIGKILL on a loaded two-core box, so times
-    count from when the test sees it); the calls on the dead core fail with UNAVAILABLE; calls
-    arriving during `engine_failure_linger_s` (6 s here) are answered by the live core; then the
-    server exits non-zero and leaves no process behind."""
+    """Health goes NOT_SERVING within a second of the core's exit as this test sees it (its
+    main thread a zombie: the server reads the core's PF_EXITING flag, set as that thread takes
+    the SIGKILL, where its exit status and vLLM's sentinel wait until its last thread has torn
+    down its address space, seconds later on a loaded two-core box); the calls on the dead core
+    fail with UNAVAILABLE; calls arriving during `engine_failure_linger_s` (6 s here: the
+    teardown can also delay the zombie itself, and with it this test's clock, by seconds) are
+    answered by the live core; then the server exits non-zero and leaves no process behind."""
     config = tmp_path / "server.yaml"
     config.write_text(
         "engine_failure_linger_s: 6\n"
@@ -157,15 +158,12 @@ def test_a_dead_core_fails_its_calls_while_the_other_keeps_serving(tmp_path: Pat
             exited = wait_for_exit(cores[0].pid)
             statuses = []
             with server.client(timeout=2.0) as client:
-                while time.monotonic() - exited < 8.0 and "NOT_SERVING" not in statuses:
+                while time.monotonic() - exited < 3.0 and "NOT_SERVING" not in statuses:
                     statuses.append(client.health(f"{SERVICE}/{MODEL}"))
                     time.sleep(0.05)
                 noticed = time.monotonic() - exited
                 (info,) = client.info().models
-            # Locally within a second; two clean-clone CI runs saw 3-4 s (under investigation: the
-            # server's own exit watch did not fire there, vLLM's monitor did), so the bound here is
-            # what the behaviour needs: NOT_SERVING well before the linger ends.
-            assert "NOT_SERVING" in statuses and noticed < 6.0, (noticed, exited - killed, statuses)
+            assert "NOT_SERVING" in statuses and noticed < 1.0, (noticed, exited - killed, statuses)
             assert not info.ready and sorted(c.ready for c in info.cores) == [False, True]
             while time.monotonic() - exited < noticed + 5.0 and server.process.poll() is None:
                 time.sleep(0.1)

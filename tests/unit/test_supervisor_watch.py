@@ -2,7 +2,8 @@
 children still hold its sentinel pipe open (vLLM's executor and compile workers outlive a killed
 core for seconds). The process here is a real child that forks a grandchild and exits; the engine
 around it is a stand-in with the two attributes the watch reads. tests/server/test_faults.py
-kills a real engine core under several front-ends."""
+kills a real engine core under several front-ends. `cores.process_exiting`, which both engine
+watches read, is checked on real processes: running, and killed but not yet reaped."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import Any, cast
 
+from scoring_server.cores import process_ended, process_exiting
 from scoring_server.frontends import _wait_for_exit
 
 GRANDCHILD_LIFETIME_S = 5.0
@@ -28,6 +30,17 @@ def _exit_leaving_a_grandchild(exit_code: int) -> None:
 
 def _idle() -> None:
     time.sleep(60)
+
+
+def _idle_named(comm: str) -> None:
+    with open("/proc/self/comm", "w") as own:  # the kernel's name of the task, in /proc/PID/stat
+        own.write(comm)
+    _idle()
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rpartition(")")[2].split()[0]
 
 
 @dataclass
@@ -68,3 +81,28 @@ def test_a_frontend_exit_is_named_with_its_exit_code() -> None:
             if process.is_alive():
                 os.kill(process.pid, signal.SIGKILL)
             process.join(5)
+
+
+def test_a_killed_process_reads_as_exiting_before_anyone_reaps_it() -> None:
+    """The flag is read from the kernel's own record: False while the process runs (whatever its
+    name holds: the parser skips a name with spaces and parentheses), True once the kill has
+    landed, and the process counts as ended then, before its exit status is collected."""
+    process = multiprocessing.get_context("fork").Process(target=_idle_named, args=("a) b (c",), daemon=True)
+    process.start()
+    try:
+        deadline = time.monotonic() + 5
+        while open(f"/proc/{process.pid}/comm").read().strip() != "a) b (c" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not process_exiting(process.pid) and not process_ended(process)
+        os.kill(process.pid, signal.SIGKILL)
+        while _state(process.pid) != "Z" and time.monotonic() < deadline:  # not reaped: nobody waits
+            time.sleep(0.01)
+        assert _state(process.pid) == "Z"
+        assert process_exiting(process.pid)  # read before anything collects the exit status
+        assert process_ended(process)
+    finally:
+        if process.exitcode is None:
+            os.kill(process.pid, signal.SIGKILL)
+        process.join(5)
+    assert not process_exiting(process.pid)  # reaped: no such process
+    assert not process_exiting(None)

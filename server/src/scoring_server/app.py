@@ -18,7 +18,7 @@ from vllm.utils.gc_utils import freeze_gc_heap
 from scoring.v1 import absa_pb2, image_rank_pb2, info_pb2, rerank_pb2
 from scoring_server import decoding, reflection, tracing
 from scoring_server.config import ModelKind, ModelSettings, ServerSettings
-from scoring_server.cores import EngineClientSlot
+from scoring_server.cores import DEATH_WATCH_INTERVAL_S, EngineClientSlot
 from scoring_server.engines import ModelRegistry, ServedModel
 from scoring_server import __version__
 from scoring_server.errors import ErrorMappingInterceptor
@@ -48,7 +48,6 @@ _SERVICE_OF_KIND = {
     ModelKind.ABSA: ABSA_SERVICE,
     ModelKind.IMAGE_RANK: IMAGE_RANK_SERVICE,
 }
-ENGINE_WATCH_INTERVAL_S = 0.2
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -204,11 +203,11 @@ class ScoringServer:
                         await self.health.set(service, NOT_SERVING)
                 await asyncio.sleep(self.settings.engine_failure_linger_s)
                 raise EngineFailure(f"engine died: {'; '.join(names)}")
-            await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
+            await asyncio.sleep(DEATH_WATCH_INTERVAL_S)
 
     def _publish_states(self) -> None:
         """For the supervisor's /metrics: this front-end's share of the request-state gauge
-        (refreshed every ENGINE_WATCH_INTERVAL_S)."""
+        (refreshed every DEATH_WATCH_INTERVAL_S)."""
         for name, model in self.registry.models.items():
             SHARED_STATE_ENTRIES.labels(name).set(model.processor.pending_states if model.processor else 0)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event as EventType
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,11 @@ CALLS_ROUTED = Counter(
 )
 
 _DEVICES_VARIABLE = "CUDA_VISIBLE_DEVICES"
+# include/linux/sched.h: set on a task once it has begun to exit (do_exit), kept while a zombie.
+_PF_EXITING = 0x00000004
+# How often a process that owns engine cores checks whether one has died: the lone server's
+# engine watch and the front-end supervisor's exit poll.
+DEATH_WATCH_INTERVAL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -75,25 +81,25 @@ class EngineCore:
     def notice_death(self) -> None:
         """Marks a dead core's engine dead and shuts its client, so calls in flight fail with
         EngineDeadError at once and `errored` is true: what vLLM's own monitor does
-        (`MPClient.start_engine_core_monitor`), sooner. That monitor waits for the process's
-        sentinel pipe, which the core's own children (its executor's workers, compile workers)
-        hold open until they notice their parent is gone, seconds later; this process, the
-        core's parent, sees the exit at once. A client of a core it did not launch (one
-        front-end of several) has no process to watch: the supervisor watches and sets
+        (`MPClient.start_engine_core_monitor`), sooner. A client of a core it did not launch
+        (one front-end of several) has no process to watch: the supervisor watches and sets
         `slot.engine_dead`."""
         if self.engine is None or not self._died():
             return
         client = self.engine.engine_core
         if not client.resources.engine_dead:
             client.resources.engine_dead = True
-            client.shutdown()
+            # timeout=0: the process may still be exiting (`process_exiting`), and the default
+            # would join it for up to 5 s on the event loop; this SIGKILLs what is left of the
+            # core's tree at once and closes the client's sockets, failing its calls in flight.
+            client.shutdown(timeout=0)
 
     def _died(self) -> bool:
         if self.slot is not None:
             return self.slot.engine_dead.is_set()
         manager = getattr(self.engine.engine_core.resources, "engine_manager", None) if self.engine else None
         processes = getattr(manager, "processes", None) or []
-        return any(not process.is_alive() for process in processes)
+        return any(process_ended(process) for process in processes)
 
     @contextmanager
     def holding(self, items: int) -> Iterator[EngineCore]:
@@ -110,6 +116,31 @@ class EngineCore:
             self.items_in_flight -= items
             self.calls_in_flight -= 1
             ITEMS_IN_FLIGHT.labels(*labels).dec(items)
+
+
+def process_ended(process: BaseProcess) -> bool:
+    """Whether a child process has exited or begun to exit (:func:`process_exiting`): what
+    the engine watches count as a dead core, seconds before its exit status on a loaded host."""
+    return not process.is_alive() or process_exiting(process.pid)
+
+
+def process_exiting(pid: int | None) -> bool:
+    """Whether process `pid` has begun to exit (Linux; elsewhere False, and only its exit
+    status tells). A SIGKILLed process is not reapable (`is_alive` stays true, and its sentinel
+    pipe stays open) until its last thread has torn down its whole address space, which a
+    loaded host can take seconds to schedule (two clean-clone CI runs: 3-4 s); its main
+    thread's PF_EXITING flag (the kernel flags word, field 9 of /proc/PID/stat) is set the
+    moment that thread takes the signal, before that teardown."""
+    if pid is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            line = stat.read()
+    except OSError:
+        return False
+    # after "pid (comm) ": state ppid pgrp session tty_nr tpgid flags ... (comm may hold spaces)
+    fields = line[line.rindex(b")") + 2:].split()
+    return bool(int(fields[6]) & _PF_EXITING)
 
 
 def route(cores: list[EngineCore], items: int) -> AbstractContextManager[EngineCore]:

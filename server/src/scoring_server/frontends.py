@@ -40,16 +40,13 @@ from vllm.v1.executor import Executor
 from scoring_plugin.rerank.settings import RerankSettings
 from scoring_server import __version__
 from scoring_server.config import ModelKind, ModelSettings, ServerSettings
-from scoring_server.cores import EngineClientSlot, device_environment
+from scoring_server.cores import DEATH_WATCH_INTERVAL_S, EngineClientSlot, device_environment, process_ended
 from scoring_server.engines import core_devices_of, engine_args, engine_environment, environment
 
 logger = logging.getLogger(__name__)
 
 # Beyond the drain grace, for a front-end to close its engine clients and exit.
 EXIT_MARGIN_S = 10.0
-# How often the supervisor checks its processes' exit status (the lone server's engine watch
-# interval), beside their sentinels.
-EXIT_POLL_S = 0.2
 # An engine's workers get this long to exit after SIGTERM once their core has stopped.
 WORKER_GRACE_S = 5.0
 _METRICS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
@@ -129,7 +126,7 @@ class _Engine:
 
     @property
     def alive(self) -> bool:
-        return self.started and all(p.is_alive() for p in self.processes)
+        return self.started and not any(process_ended(p) for p in self.processes)
 
     def shutdown(self) -> None:
         if self.manager is not None:
@@ -273,18 +270,19 @@ def _rerank_mode(engine: _Engine) -> str:
 def _wait_for_exit(frontends: list[BaseProcess], engines: list[_Engine]) -> list[str]:
     """Blocks until a front-end or an engine process exits; names what did.
 
-    The sentinels wake it at once for a front-end. An engine core's sentinel is a pipe its own
-    children (executor and compile workers) inherit and hold open until they notice their parent
-    is gone, seconds later, so every process's exit status is also polled: `is_alive` reaps this
-    process's own child as soon as it has exited (decision 0029)."""
+    The sentinels wake it once a process has exited. A killed engine core is seen earlier by
+    polling every process (`cores.process_ended`): from the moment it begins to exit, where its
+    sentinel closes and its exit status comes only once its last thread has torn down its
+    memory, seconds later on a loaded host; and a process whose own children inherited its
+    sentinel (a worker that outlives it) is seen at its exit, not theirs (decision 0029)."""
     named = [(p, f"front-end {i}") for i, p in enumerate(frontends)]
     named += [(p, engine.label) for engine in engines for p in engine.processes]
     sentinels = [p.sentinel for p, _ in named]
     while True:
-        wait(sentinels, timeout=EXIT_POLL_S)
-        ended = [(p, name) for p, name in named if not p.is_alive()]
+        wait(sentinels, timeout=DEATH_WATCH_INTERVAL_S)
+        ended = [(p, name) for p, name in named if process_ended(p)]
         if ended:
-            return [f"{name} (exit code {p.exitcode})" for p, name in ended]
+            return [f"{name} ({'exiting' if p.exitcode is None else f'exit code {p.exitcode}'})" for p, name in ended]
 
 
 def _join(processes: list[BaseProcess], timeout: float) -> None:
