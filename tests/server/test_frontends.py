@@ -5,6 +5,7 @@ death, with one front-end and with two: tests/server/test_faults.py.)"""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -195,6 +196,7 @@ def test_a_dead_frontend_stops_the_server(tmp_path: Path) -> None:
         assert server.process.wait(60) == 1, server.log_tail()
         _, alive = psutil.wait_procs(processes, timeout=30)
         assert not alive, f"left running: {alive}"
-        assert "front-end" in server.log.read_text() and "exit code -9" in server.log.read_text()
+        # named as the supervisor saw it: exiting (the kill landed), or its exit code if that came first
+        assert re.search(r"front-end \d \((exiting|exit code -9)\)", server.log.read_text()), server.log_tail()
     finally:
         stop_server(server)
