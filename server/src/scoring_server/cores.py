@@ -128,9 +128,10 @@ def process_exiting(pid: int | None) -> bool:
     """Whether process `pid` has begun to exit (Linux; elsewhere False, and only its exit
     status tells). A SIGKILLed process is not reapable (`is_alive` stays true, and its sentinel
     pipe stays open) until its last thread has torn down its whole address space, which a
-    loaded host can take seconds to schedule (two clean-clone CI runs: 3-4 s); its main
-    thread's PF_EXITING flag (the kernel flags word, field 9 of /proc/PID/stat) is set the
-    moment that thread takes the signal, before that teardown."""
+    loaded host can take seconds to schedule (decision 0029); its main thread's PF_EXITING flag
+    (the kernel flags word, field 9 of /proc/PID/stat) is set the moment that thread takes the
+    signal, before that teardown. An engine core's main thread runs its busy loop to the end,
+    so the flag on it means the whole process is going."""
     if pid is None:
         return False
     try:
