@@ -46,12 +46,17 @@ set -eu
 . bench/h200_env.sh
 cd bench
 
+# queries_jsonl QUERIES: /tmp/queries.jsonl, QUERIES x 20 documents of the bench's requests
+queries_jsonl() {
+    python3 -c "import json, rerank; print('\n'.join(json.dumps({'query': q, 'documents': d}) for q, d in rerank.make_requests($1, 20, seed=11)))" > /tmp/queries.jsonl
+}
+
 # packed_parity QUERIES JSON FLAGS...: scoring-parity on the packed path of the model `check`
 # built, QUERIES x 20 documents of the bench's requests, served with FLAGS
 packed_parity() {
     queries=$1 json=$2
     shift 2
-    python3 -c "import json, rerank; print('\n'.join(json.dumps({'query': q, 'documents': d}) for q, d in rerank.make_requests($queries, 20, seed=11)))" > /tmp/queries.jsonl
+    queries_jsonl "$queries"
     python3 -m scoring_server.parity --checkpoint /tmp/scoring-rerank-check/model-qwen3-0.6b-shaped --inputs /tmp/queries.jsonl \
         "$@" --pack-pairs --json "$OUT/$json" 2>&1 | tail -30
 }
@@ -60,7 +65,7 @@ packed_parity() {
 # fp32 reference (the checkpoint's own: sentence-transformers' formula, or the model card's for a
 # published Qwen3-Reranker), 4 queries x 20 of the bench's documents
 packed_dtypes_parity() {
-    python3 -c "import json, rerank; print('\n'.join(json.dumps({'query': q, 'documents': d}) for q, d in rerank.make_requests(4, 20, seed=11)))" > /tmp/queries.jsonl
+    queries_jsonl 4
     for dtype in bfloat16 float32; do
         python3 -m scoring_server.parity --checkpoint "$1" --inputs /tmp/queries.jsonl \
             --pack-pairs --dtype "$dtype" --json "$2/parity-packed-$dtype.json" 2>&1 | tail -14
