@@ -1,18 +1,22 @@
 """A data-parallel model's routing (the live core with the fewest items in flight), the devices
-each core gets, and the settings that ask for cores. The cores' engines here are stand-ins with
-the one attribute routing reads; tests/server/test_data_parallel.py runs real engine cores."""
+each core gets, the settings that ask for cores, and a dead core's shutdown racing vLLM's own
+monitor. The cores' engines here are stand-ins with the attributes routing and that shutdown
+read; tests/server/test_data_parallel.py runs real engine cores."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, cast
 
+import multiprocessing
+
 import grpc
+import psutil
 import pytest
 from prometheus_client import REGISTRY
 
 from scoring_server.config import ModelSettings
-from scoring_server.cores import EngineCore, core_devices, device_environment, route
+from scoring_server.cores import EngineClientSlot, EngineCore, core_devices, device_environment, route
 from scoring_server.errors import ServiceError
 
 
@@ -106,3 +110,42 @@ def test_vllm_data_parallelism_in_engine_args_is_refused_with_the_setting_to_use
     with pytest.raises(ValueError) as refused:
         ModelSettings(name="m", path="/m", dtype="bfloat16", engine_args={key: 2})
     assert f"engine_args.{key}" in str(refused.value) and "the model's data_parallel_size" in str(refused.value)
+
+
+@dataclass
+class _Resources:
+    engine_dead: bool = False
+    closed: int = 0
+
+    def __call__(self) -> None:
+        self.closed += 1
+
+
+@dataclass
+class _RacedClient:
+    """A client whose shutdown meets the race with vLLM's own monitor: the core reaped between
+    the manager's liveness check and its kill of the core's process tree."""
+
+    resources: _Resources
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        raise psutil.NoSuchProcess(12345)
+
+
+@dataclass
+class _DeadEngine:
+    engine_core: _RacedClient
+
+
+def test_a_core_reaped_during_its_shutdown_still_has_its_sockets_closed() -> None:
+    """notice_death survives the race (the engine watch that calls it must not end there) and
+    still closes the client's sockets, so the calls in flight on the dead core fail."""
+    dead = multiprocessing.get_context("spawn").Event()
+    dead.set()
+    engine = _DeadEngine(_RacedClient(_Resources()))
+    core = EngineCore("raced", 0, slot=EngineClientSlot({}, 1, 0, dead), engine=cast(Any, engine))
+    core.notice_death()
+    assert engine.engine_core.resources.engine_dead
+    assert engine.engine_core.resources.closed == 1
+    core.notice_death()  # once marked dead, nothing more
+    assert engine.engine_core.resources.closed == 1

@@ -20,6 +20,7 @@ from multiprocessing.synchronize import Event as EventType
 from typing import TYPE_CHECKING, Any
 
 import grpc
+import psutil
 from prometheus_client import Counter, Gauge
 
 from scoring_server.errors import ServiceError
@@ -92,7 +93,14 @@ class EngineCore:
             # timeout=0: the process may still be exiting (`process_exiting`), and the default
             # would join it for up to 5 s on the event loop; this SIGKILLs what is left of the
             # core's tree at once and closes the client's sockets, failing its calls in flight.
-            client.shutdown(timeout=0)
+            try:
+                client.shutdown(timeout=0)
+            except psutil.NoSuchProcess:
+                # vLLM's own monitor can reap the core between the manager's liveness check and
+                # its kill of the core's process tree. The sockets must still close (the client
+                # detached its cleanup before raising), or the calls in flight hang; and the
+                # engine watch that called this must not end on it.
+                client.resources()
 
     def _died(self) -> bool:
         if self.slot is not None:
