@@ -195,5 +195,8 @@ def test_frontends_route_over_the_same_cores(tmp_path: Path) -> None:
         assert all(s == scored[0] for s in scored)
         calls = _calls_per_core(server)
         assert calls.get("0", 0) >= 1 and calls.get("1", 0) >= 1, calls
+        # both cores stopped together, each within vLLM's grace: neither was SIGKILLed
+        assert stop_server(server) == 0, server.log_tail()
+        assert "force killing" not in server.log.read_text(), server.log_tail()
     finally:
         stop_server(server)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import multiprocessing
+import threading
 
 import grpc
 import psutil
@@ -16,7 +17,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from scoring_server.config import ModelSettings
-from scoring_server.cores import EngineClientSlot, EngineCore, core_devices, device_environment, route
+from scoring_server.cores import EngineClientSlot, EngineCore, core_devices, device_environment, route, stop_together
 from scoring_server.errors import ServiceError
 
 
@@ -149,3 +150,21 @@ def test_a_core_reaped_during_its_shutdown_still_has_its_sockets_closed() -> Non
     assert engine.engine_core.resources.closed == 1
     core.notice_death()  # once marked dead, nothing more
     assert engine.engine_core.resources.closed == 1
+
+
+def test_cores_stop_together_and_every_stop_runs_before_an_error_is_raised() -> None:
+    """Each stop waits for its core's processes; they wait at the same time, not one after
+    another (a barrier only the stops running together can pass), and one that fails neither
+    skips the others nor goes unreported."""
+    together = threading.Barrier(3, timeout=10)
+    stopped: list[int] = []
+
+    def stop(index: int) -> None:
+        together.wait()
+        stopped.append(index)
+        if index == 1:
+            raise RuntimeError("core 1 would not stop")
+
+    with pytest.raises(RuntimeError, match="core 1"):
+        stop_together([lambda i=i: stop(i) for i in range(3)])
+    assert sorted(stopped) == [0, 1, 2]

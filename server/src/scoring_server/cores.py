@@ -12,7 +12,8 @@ a packed call is one engine request whatever its size, so a count of requests wo
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
@@ -102,6 +103,11 @@ class EngineCore:
                 # engine watch that called this must not end on it.
                 client.resources()
 
+    def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+
     def _died(self) -> bool:
         if self.slot is not None:
             return self.slot.engine_dead.is_set()
@@ -150,6 +156,22 @@ def process_exiting(pid: int | None) -> bool:
     # after "pid (comm) ": state ppid pgrp session tty_nr tpgid flags ... (comm may hold spaces)
     fields = line[line.rindex(b")") + 2:].split()
     return bool(int(fields[6]) & _PF_EXITING)
+
+
+def stop_together(stops: list[Callable[[], None]]) -> None:
+    """Runs every engine's stop at once. Each waits for its core's processes to exit (up to
+    vLLM's grace, then SIGKILL): one after another, a server's exit would take the sum of those
+    waits. Returns once all have run; the first error, if any, is raised then. The caller's
+    thread (the event loop, when draining) waits here, so nothing else uses the engines'
+    clients meanwhile."""
+    if len(stops) < 2:
+        for stop in stops:
+            stop()
+        return
+    with ThreadPoolExecutor(len(stops), thread_name_prefix="engine-stop") as pool:
+        futures = [pool.submit(stop) for stop in stops]
+    for future in futures:
+        future.result()
 
 
 def route(cores: list[EngineCore], items: int) -> AbstractContextManager[EngineCore]:

@@ -26,7 +26,14 @@ from scoring_plugin.io_processors.reranker import RerankerIOProcessor
 from scoring_plugin.models import TF32X3
 from scoring_server.admission import Admission
 from scoring_server.config import ModelKind, ModelSettings
-from scoring_server.cores import EngineClientSlot, EngineCore, core_devices, device_environment, route
+from scoring_server.cores import (
+    EngineClientSlot,
+    EngineCore,
+    core_devices,
+    device_environment,
+    route,
+    stop_together,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -113,10 +120,7 @@ class ServedModel:
             core.notice_death()
 
     def shutdown(self) -> None:
-        for core in self.cores:
-            if core.engine is not None:
-                core.engine.shutdown()
-                core.engine = None
+        stop_together([core.shutdown for core in self.cores])
 
 
 @dataclass
@@ -154,8 +158,8 @@ class ModelRegistry:
             on_ready(model)
 
     def shutdown(self) -> None:
-        for model in self.models.values():
-            model.shutdown()
+        """Every core of every model at once (`stop_together`)."""
+        stop_together([core.shutdown for model in self.models.values() for core in model.cores])
 
 
 def _packed_engine_args(settings: ModelSettings) -> dict[str, object]:

@@ -40,7 +40,13 @@ from vllm.v1.executor import Executor
 from scoring_plugin.rerank.settings import RerankSettings
 from scoring_server import __version__
 from scoring_server.config import ModelKind, ModelSettings, ServerSettings
-from scoring_server.cores import DEATH_WATCH_INTERVAL_S, EngineClientSlot, device_environment, process_ended
+from scoring_server.cores import (
+    DEATH_WATCH_INTERVAL_S,
+    EngineClientSlot,
+    device_environment,
+    process_ended,
+    stop_together,
+)
 from scoring_server.engines import core_devices_of, engine_args, engine_environment, environment
 
 logger = logging.getLogger(__name__)
@@ -186,8 +192,7 @@ def supervise(settings: ServerSettings, log_level: str) -> int:
     finally:
         stopping = True
         _stop(frontends, settings.drain_grace_s + EXIT_MARGIN_S)
-        for engine in engines:
-            engine.shutdown()
+        stop_together([engine.shutdown for engine in engines])
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
 
