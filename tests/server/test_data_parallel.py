@@ -120,6 +120,15 @@ def _engine_cores(pid: int) -> list[psutil.Process]:
     return [p for p in psutil.Process(pid).children(recursive=True) if "EngineCore" in p.name()]
 
 
+def _wait_for_a_call_on_core(server: RunningServer, index: int) -> None:
+    """Returns as soon as GetInfo shows a call in flight on core `index` (calls of ~50 pairs
+    last far longer than one GetInfo)."""
+    deadline = time.monotonic() + 10.0
+    with server.client(timeout=2.0) as client:
+        while client.info().models[0].cores[index].calls_in_flight == 0:
+            assert time.monotonic() < deadline, "no call reached the core"
+
+
 def test_a_dead_core_fails_its_calls_while_the_other_keeps_serving(tmp_path: Path) -> None:
     """Health goes NOT_SERVING within a second of the core's exit as this test sees it (its
     main thread a zombie: the server reads the core's PF_EXITING flag, set as that thread takes
@@ -153,6 +162,7 @@ def test_a_dead_core_fails_its_calls_while_the_other_keeps_serving(tmp_path: Pat
         with ClosedLoop(caller) as load:
             time.sleep(2.0)
             assert grpc.StatusCode.OK in {call.code for call in load.calls}, load.calls
+            _wait_for_a_call_on_core(server, 0)  # so that the kill has calls of its own to fail
             os.kill(cores[0].pid, signal.SIGKILL)
             killed = time.monotonic()
             exited = wait_for_exit(cores[0].pid)
