@@ -4,6 +4,11 @@
 #   sh bench/h200_image.sh frontends [N]  # HF forward, ours with one and with N (default 4) gRPC
 #                                         # front-end processes (decode runs in each), eager (~5 min)
 #   sh bench/h200_image.sh check          # parity against the HF reference (~3 min)
+#   sh bench/h200_image.sh decode         # nvJPEG pixels against Pillow's (the `gpu` case of
+#                                         # tests/unit/test_device_pixels.py; needs the pytest,
+#                                         # pluggy, iniconfig and pygments wheels in .whl), then ours
+#                                         # with one and four front-ends, each decoding with Pillow
+#                                         # and on the GPU (decode_device cuda), eager (~8 min)
 set -eu
 . bench/h200_env.sh
 cd bench
@@ -13,5 +18,10 @@ frontends)
     ;;
 check)
     python3 image_rank_check.py --out "$OUT" 2>&1 | tail -25
+    ;;
+decode)
+    (cd .. && python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit/test_device_pixels.py 2>&1 | tail -5)
+    python3 image_rank.py --eager --seconds-per-level 4 --frontends 1,4 --decode-devices cpu,cuda --systems grpc \
+        --work /tmp/iw --out "$OUT" 2>&1 | tail -25
     ;;
 esac

@@ -27,8 +27,9 @@
 #                                     # interleaved for AB_ROUNDS rounds (default 3): c=1/16/64 at 20
 #                                     # documents, c=1 at one document, AB_SECONDS (default 8) per
 #                                     # level; the A/B table (~5 min)
-#   sh bench/h200_rerank.sh gpu-tests # every GPU-only test of the plugin's kernels: segment attention,
-#                                     # Q/K norm + rotary, gate/up + activation, MLP fusions, 3xTF32
+#   sh bench/h200_rerank.sh gpu-tests # every GPU-only test of the plugin's kernels (segment attention,
+#                                     # Q/K norm + rotary, gate/up + activation, MLP fusions, 3xTF32)
+#                                     # and of the unit tier (nvJPEG pixels)
 #                                     # (needs the pytest, pluggy and iniconfig wheels in .whl) (~3 min)
 #   sh bench/h200_rerank.sh timeline  # the device's timeline while ours serves c=16, then c=64 (in
 #                                     # process, vLLM's torch profiler, CUDA activity only): busy
@@ -125,7 +126,7 @@ fp32-parity)
     packed_parity 4 rerank-parity-packed-fp32-tf32x3.json --dtype float32 --float32-matmul-precision tf32x3
     ;;
 gpu-tests)
-    (cd .. && python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels)
+    (cd .. && python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels tests/unit)
     ;;
 timeline)
     for c in 16 64; do

@@ -8,6 +8,7 @@ depend on weight values), 10 images of 1024x768 per request (a listing's photos)
 pictures drawn at random, closed-loop load (see harness.py).
 
     python bench/image_rank.py --out bench/results                 # GPU, bf16
+    python bench/image_rank.py --decode-devices cpu,cuda          # also with JPEGs decoded on the GPU
     python bench/image_rank.py --cpu-smoke --out /tmp/bench        # CPU: harness check only
 """
 
@@ -68,8 +69,9 @@ def make_requests(scenario: Scenario, n: int, pictures: int, seed: int = 0) -> l
 
 
 async def bench_grpc(model: Path, scenario: Scenario, images: list[bytes], requests: list[Request], work: Path,
-                     frontends: int = 1) -> list[Level]:
-    """Our server, with ``frontends`` gRPC front-end processes (image decoding runs in each)."""
+                     frontends: int = 1, decode_device: str = "cpu") -> list[Level]:
+    """Our server, with ``frontends`` gRPC front-end processes (image decoding runs in each,
+    with Pillow or, `decode_device` a GPU, with nvJPEG and torch)."""
     import itertools
 
     import yaml
@@ -90,12 +92,14 @@ async def bench_grpc(model: Path, scenario: Scenario, images: list[bytes], reque
     config.write_text(yaml.safe_dump({"port": port, "host": "127.0.0.1", "frontends": frontends, "models": [{
         "name": "images", "kind": "image_rank", "path": str(model), "dtype": scenario.dtype,
         "gpu_memory_utilization": scenario.gpu_memory_utilization, "engine_args": engine_args,
-        "hf_overrides": {"scoring_image_rank_overrides": {**scenario.deployment, "allowed_networks": ["127.0.0.1/32"]}},
+        "hf_overrides": {"scoring_image_rank_overrides": {
+            **scenario.deployment, "allowed_networks": ["127.0.0.1/32"], "decode_device": decode_device,
+        }},
     }]}))
     log(f"grpc: starting our server ({frontends} front-ends)")
     server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], work / "image-grpc-server.log")
     levels: list[Level] = []
-    suffix = "" if frontends == 1 else f", {frontends} front-ends"
+    suffix = ("" if frontends == 1 else f", {frontends} front-ends") + ("" if decode_device == "cpu" else ", GPU decode")
     try:
         async with grpc_channels(f"127.0.0.1:{port}", channel_count(frontends), [("grpc.max_send_message_length", 64 << 20)]) as channels:
             await wait_ready(grpc_serving(*channels), server, work / "image-grpc-server.log", "our server")
@@ -193,7 +197,8 @@ async def main_async(args: argparse.Namespace) -> Report:
         report.hf_items_per_s = bench_hf(model, scenario, images, requests)
     if "grpc" in systems:
         for frontends in args.frontends:
-            report.levels += await bench_grpc(model, scenario, images, requests, work, frontends)
+            for decode_device in args.decode_devices.split(","):
+                report.levels += await bench_grpc(model, scenario, images, requests, work, frontends, decode_device)
     return report
 
 
@@ -204,6 +209,8 @@ def main() -> None:
     parser.add_argument("--seconds-per-level", type=float, help="override the scenario's")
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs (skips compilation and capture)")
     parser.add_argument("--frontends", type=int_list, default=[1], help="e.g. 1,4: our server once per count")
+    parser.add_argument("--decode-devices", default="cpu",
+                        help="e.g. cpu,cuda: our server once per front-end count and decode_device")
     parser.add_argument("--work", default="/tmp/scoring-bench")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()

@@ -4,14 +4,18 @@ server, request validation, deadlines, and nothing left behind."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
 
 import grpc
 import pytest
+import torch
 
-from support.servers import DEMO_DIR, RunningServer
+from support.servers import DEMO_DIR, RunningServer, tool_env
 from support.image_server import ImageServer, png_header_only
 from scoring.v1 import image_rank_pb2
 from scoring_client import ScoringClient, ScoringError
@@ -190,4 +194,22 @@ def test_info_advertises_image_limits_and_nothing_is_left_behind(client: Scoring
     model = next(m for m in client.info().models if m.name == MODEL)
     assert model.max_items_per_request == 64 and model.image_size == 32
     assert model.max_image_bytes > 0 and model.max_image_pixels > 0 and model.fetch_timeout_ms == 2000
+    assert model.image_decode_device == "cpu"  # Pillow, as the Hugging Face processor: the default
     assert model.pending_request_states == 0 and model.engine_requests_in_flight == 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for hosts without a GPU")
+def test_a_gpu_decode_without_a_gpu_is_refused_at_start() -> None:
+    """`decode_device: cuda` where no GPU is visible: exit 1 with one line naming the model,
+    the setting and the reason, before any engine starts."""
+    overrides = json.dumps({"scoring_image_rank_overrides": {"decode_device": "cuda"}})
+    done = subprocess.run(
+        [sys.executable, "-m", "scoring_server", "--model-path", str(DEMO_DIR / "image-ranker"),
+         "--model-name", "img", "--model-kind", "image_rank", "--dtype", "float32", "--hf-overrides", overrides,
+         "--port", "0"],
+        capture_output=True, text=True, timeout=300, env=tool_env(),
+    )
+    assert done.returncode == 1
+    assert "model 'img': scoring_image_rank.decode_device is 'cuda' but no CUDA GPU is visible" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert "Initializing a V1 LLM engine" not in done.stdout + done.stderr

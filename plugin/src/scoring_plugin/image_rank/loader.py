@@ -23,6 +23,7 @@ import numpy as np
 from PIL import Image
 
 from scoring_plugin.errors import InvalidInputError
+from scoring_plugin.image_rank.device_pixels import DevicePixels
 from scoring_plugin.image_rank.fetch import CallDownloads, UrlFetcher
 from scoring_plugin.image_rank.pixels import decode, open_checked
 from scoring_plugin.image_rank.settings import ImageRankSettings
@@ -49,6 +50,7 @@ class ImageLoader:
         # limits bound it), and the next free worker goes to the newcomer.
         self._fetch_pool = FairPool(settings.fetch_workers, queued, "image-fetch", keep_spare=True)
         self._decode_pool = FairPool(settings.decode_workers, queued, "image-decode", keep_spare=False)
+        self._device = DevicePixels(settings) if settings.decode_device != "cpu" else None
 
     def close(self) -> None:
         self._fetch_pool.close()
@@ -69,10 +71,8 @@ class ImageLoader:
             functools.partial(open_checked, settings=settings), distinct
         )))
         _check_pixel_budget(files, headers, settings.max_pixels_per_request)
-        readable = [data for data, header in headers.items() if isinstance(header, Image.Image)]
-        decoded = dict(zip(readable, await self._decode_pool.run(
-            functools.partial(decode, settings=settings), [headers[data] for data in readable]
-        )))
+        readable = {data: header for data, header in headers.items() if isinstance(header, Image.Image)}
+        decoded = await self._decode(readable)
         slot: dict[bytes, int | ImageLoadError] = {}
         pixels: list[np.ndarray] = []
         for data in distinct:
@@ -83,6 +83,20 @@ class ImageLoader:
                 slot[data] = len(pixels)
                 pixels.append(result)  # type: ignore[arg-type]
         return LoadedImages([f if isinstance(f, ImageLoadError) else slot[f] for f in files], pixels)
+
+    async def _decode(self, files: dict[bytes, Image.Image]) -> dict[bytes, object]:
+        """Pixels (or the file's ImageLoadError) per file: the GPU's in one batch for the files
+        it takes, when `decode_device` names one; Pillow's, file by file, for the rest."""
+        device = self._device
+        takes = {data: device is not None and device.takes(header) for data, header in files.items()}
+        on_device = [data for data in files if takes[data]]
+        on_host = [data for data in files if not takes[data]]
+        host = self._decode_pool.run(functools.partial(decode, settings=self._settings), [files[d] for d in on_host])
+        if device is None or not on_device:
+            return dict(zip(on_host, await host))
+        batch = self._decode_pool.run(device.to_pixels, [[(data, files[data]) for data in on_device]])
+        host_pixels, (device_pixels,) = await asyncio.gather(host, batch)
+        return {**dict(zip(on_host, host_pixels)), **dict(zip(on_device, device_pixels))}  # type: ignore[call-overload]
 
 
 def _check_pixel_budget(files: Sequence[object], headers: dict[bytes, object], budget: int) -> None:

@@ -79,13 +79,18 @@ def _rgb(image: Image.Image) -> Image.Image:
 
 
 def _resize(image: Image.Image, size: int) -> Image.Image:
-    width, height = image.size
-    short, long = (width, height) if width <= height else (height, width)
-    new_short, new_long = size, int(size * long / short)
-    new_size = (new_short, new_long) if width <= height else (new_long, new_short)
+    new_size = resized_size(*image.size, size)
     if new_size == image.size:
         return image
     return image.resize(new_size, resample=Image.Resampling.BICUBIC)
+
+
+def resized_size(width: int, height: int, size: int) -> tuple[int, int]:
+    """(width, height) with the shortest side at `size`, the other truncated as the Hugging Face
+    processor does."""
+    short, long = (width, height) if width <= height else (height, width)
+    new_short, new_long = size, int(size * long / short)
+    return (new_short, new_long) if width <= height else (new_long, new_short)
 
 
 def _center_crop(image: Image.Image, size: int) -> np.ndarray:
@@ -100,12 +105,12 @@ def _normalise(pixels: np.ndarray, settings: ImageRankSettings) -> np.ndarray:
     the same float32 arithmetic per value as computing every pixel, done 768 times instead of
     once per pixel and channel, so the per-image cost is a table lookup rather than float
     arithmetic on every pixel."""
-    table = _normalise_table(tuple(settings.image_mean), tuple(settings.image_std))
+    table = normalise_table(settings.image_mean, settings.image_std)
     return np.stack([table[c].take(pixels[:, :, c]) for c in range(3)])
 
 
 @functools.cache
-def _normalise_table(mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
+def normalise_table(mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
     """[3, 256] float32: value v of channel c scaled to [0, 1] (in float64, as the Hugging Face
     processor rescales), then ``(x - mean[c]) / std[c]`` in float32."""
     scaled = (np.arange(256, dtype=np.float64) * (1 / 255)).astype(np.float32)

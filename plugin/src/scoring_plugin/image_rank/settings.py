@@ -10,6 +10,7 @@ deployment's.
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -20,6 +21,7 @@ OVERRIDES_KEY = overrides_key(CONFIG_KEY)
 # OpenAI CLIP's normalisation, the default of every CLIP checkpoint.
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+_DECODE_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
@@ -55,6 +57,11 @@ class ImageRankSettings:
     # to contention on the rest (measure before raising it). A free worker serves the call
     # decoding the fewest images, so a newcomer waits for one decode, not for a whole call.
     decode_workers: int = 4
+    # Where JPEGs are decoded, resized and normalised: "cpu" (Pillow, pixel for pixel the
+    # Hugging Face processor) or a GPU of the front-end process ("cuda", "cuda:N": nvJPEG and
+    # torch; a level of difference per value, see image_rank.device_pixels). PNG and WebP files
+    # are decoded on the CPU either way.
+    decode_device: str = "cpu"
     # Images waiting for a download or a decode worker, over all calls, per pool: a call that
     # would pass it is refused at once (RESOURCE_EXHAUSTED) rather than queued behind work that
     # would outlast its deadline.
@@ -98,6 +105,8 @@ class ImageRankSettings:
             raise ValueError(f"{CONFIG_KEY}: max_redirects >= 0 and fetch_timeout_s > 0 required")
         if len(self.image_mean) != 3 or len(self.image_std) != 3 or min(self.image_std) <= 0:
             raise ValueError(f"{CONFIG_KEY}: image_mean/std need 3 values, std > 0")
+        if not _DECODE_DEVICE.fullmatch(self.decode_device):
+            raise ValueError(f"{CONFIG_KEY}.decode_device must be 'cpu', 'cuda' or 'cuda:N', not {self.decode_device!r}")
         self.networks()  # malformed CIDRs fail at start, not per request
 
     def networks(self) -> tuple[IPNetwork, ...]:

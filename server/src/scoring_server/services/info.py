@@ -98,6 +98,7 @@ class InfoServicer(info_pb2_grpc.InfoServiceServicer):
                 info.fetch_timeout_ms = round(image.fetch_timeout_s * 1000)
                 info.max_pixels_per_request = image.max_pixels_per_request
                 info.max_query_chars = image.max_query_chars
+                info.image_decode_device = image.decode_device
             elif processor is not None:
                 rerank = processor.settings
                 info.rerank_mode = _MODES[rerank.mode]
