@@ -6,7 +6,8 @@
 #   sh bench/h200_image.sh check          # parity against the HF reference (~3 min)
 #   sh bench/h200_image.sh decode         # nvJPEG pixels against Pillow's (the `gpu` case of
 #                                         # tests/unit/test_device_pixels.py; needs the pytest,
-#                                         # pluggy, iniconfig and pygments wheels in .whl), then ours
+#                                         # pluggy, iniconfig and pygments wheels in .whl), both
+#                                         # paths' preparation alone (image_pixels.py), then ours
 #                                         # with one and four front-ends, each decoding with Pillow
 #                                         # and on the GPU (decode_device cuda), eager (~8 min)
 set -eu
@@ -21,6 +22,7 @@ check)
     ;;
 decode)
     (cd .. && python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit/test_device_pixels.py 2>&1 | tail -5)
+    python3 image_pixels.py | tee "$OUT/image-pixels.md"
     python3 image_rank.py --eager --seconds-per-level 4 --frontends 1,4 --decode-devices cpu,cuda --systems grpc \
         --work /tmp/iw --out "$OUT" 2>&1 | tail -25
     ;;

@@ -360,3 +360,9 @@ def test_image_rank_bench_cpu_smoke(tmp_path: Path) -> None:
         assert level["errors"] == 0 and level["requests"] > 0 and level["items_per_request"] == 4
     assert "| grpc (ours), URLs | 2 |" in done.stdout
     assert report_file.with_suffix(".png").stat().st_size > 10_000
+
+
+def test_image_pixels_bench_cpu_smoke() -> None:
+    done = _bench("image_pixels.py", "--devices", "cpu", "--seconds", "0.2", "--image-size", "32")
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| cpu | Pillow |"))
+    assert float(row.split("|")[3].replace(",", "")) > 0 and row.endswith("| 1.0x |")
