@@ -116,8 +116,6 @@ def test_not_serving_until_ready_and_sigterm_drains_in_flight_calls(tmp_path: Pa
                 client.rerank("cats", DOCS[:2], timeout=5)
             assert refused.value.code == grpc.StatusCode.UNAVAILABLE
         assert server.process.wait(60) == 0, server.log_tail()
-        # the engine core exited within vLLM's grace: it was not SIGKILLed (scoring_plugin.process_exit)
-        assert "force killing" not in server.log.read_text(), server.log_tail()
     finally:
         stop_server(server)
 

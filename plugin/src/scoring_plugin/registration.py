@@ -8,10 +8,8 @@ import logging
 def register_models() -> None:
     """``vllm.general_plugins``: runs in every vLLM process before models are resolved."""
     from scoring_plugin.models import register
-    from scoring_plugin.process_exit import skip_collection_at_exit
 
     log_through_vllm()
-    skip_collection_at_exit()
     register()
 
 
