@@ -210,6 +210,7 @@ def test_a_gpu_decode_without_a_gpu_is_refused_at_start() -> None:
         capture_output=True, text=True, timeout=300, env=tool_env(),
     )
     assert done.returncode == 1
-    assert "model 'img': scoring_image_rank.decode_device is 'cuda' but no CUDA GPU is visible" in done.stderr
+    assert "model 'img' cannot be served as image_rank" in done.stderr
+    assert "scoring_image_rank.decode_device is 'cuda' but no CUDA GPU is visible" in done.stderr
     assert "Traceback" not in done.stderr
     assert "Initializing a V1 LLM engine" not in done.stdout + done.stderr

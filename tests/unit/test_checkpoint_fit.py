@@ -7,6 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 from scoring_plugin.checkpoint_fit import CheckpointMismatch, check_fit
@@ -15,6 +16,12 @@ from scoring_server.demo import build_qwen3_tokenizer, minilm_path
 CLASSIFIER = {"architectures": ["BertForSequenceClassification"], "id2label": {"0": "LABEL_0"}}
 ENCODER = {"architectures": ["BertModel"]}
 ABSA = {"architectures": ["BertForAspectSentiment"], "id2label": {"0": "negative", "1": "neutral", "2": "positive"}}
+IMAGE_RANKER = {
+    "architectures": ["ClipImageRanker"],
+    "vision_config": {"image_size": 32},
+    "text_config": {"max_position_embeddings": 77},
+    "scoring_image_rank": {"adapter_dim": 64, "adapter_heads": 2},
+}
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +47,7 @@ def test_fitting_checkpoints_pass(bert_tokenizer: Any) -> None:
     check_fit("m", "rerank", ENCODER, bert_tokenizer)
     check_fit("m", "rerank", {"architectures": ["HF_ColBERT"]}, bert_tokenizer)
     check_fit("m", "absa", ABSA, bert_tokenizer)
-    check_fit("m", "image_rank", {"architectures": ["ClipImageRanker"]}, None)
+    check_fit("m", "image_rank", IMAGE_RANKER, None)
 
 
 def test_absa_kind_on_a_plain_classifier(bert_tokenizer: Any) -> None:
@@ -84,6 +91,19 @@ def test_rerank_classifier_with_three_labels(bert_tokenizer: Any) -> None:
 
 def test_image_rank_kind_on_a_text_model() -> None:
     assert "ClipImageRanker" in _refused("image_rank", CLASSIFIER, None).needs
+
+
+def test_image_settings_the_image_path_cannot_apply() -> None:
+    config = {**IMAGE_RANKER, "scoring_image_rank_overrides": {"max_images": 0}}
+    error = _refused("image_rank", config, None)
+    assert "image settings" in error.needs and "max_images must be >= 1" in error.has
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for hosts without a GPU")
+def test_image_decode_on_a_gpu_this_host_lacks() -> None:
+    config = {**IMAGE_RANKER, "scoring_image_rank_overrides": {"decode_device": "cuda"}}
+    error = _refused("image_rank", config, None)
+    assert "decode_device" in error.needs and "no CUDA GPU is visible" in error.has
 
 
 def test_classifier_words_that_are_not_one_token(plain_bpe: Any) -> None:

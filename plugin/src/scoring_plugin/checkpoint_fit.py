@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from scoring_plugin.image_rank.device_pixels import device_problem
+from scoring_plugin.image_rank.settings import CONFIG_KEY, ImageRankSettings
 from scoring_plugin.models import ABSA_ARCHITECTURES, IMAGE_RANK_ARCHITECTURE
 from scoring_plugin.packed.families.registry import packed_architectures
 from scoring_plugin.rerank.prompts import SpecialTokenLayout
@@ -38,6 +40,7 @@ def check_fit(model: str, kind: str, config: dict[str, Any], tokenizer: Any | No
     if kind == "image_rank":
         if IMAGE_RANK_ARCHITECTURE not in architectures:
             refuse(f"the {IMAGE_RANK_ARCHITECTURE} architecture (a CLIP query and image tower with a score head)")
+        _check_image_settings(config, refuse)
         return
     if kind == "absa":
         if not _ABSA & set(architectures):
@@ -70,6 +73,18 @@ def check_fit(model: str, kind: str, config: dict[str, Any], tokenizer: Any | No
         refuse("a ColBERT checkpoint for rerank mode late_interaction")
     if tokenizer is not None:
         _check_tokenizer(config, tokenizer, refuse)
+
+
+def _check_image_settings(config: dict[str, Any], refuse: Callable[[str, str], NoReturn]) -> None:
+    """The image section with the deployment's values (limits, pools, where to decode): a value
+    the image path cannot apply, or a decode GPU this process cannot see, refuses the model."""
+    try:
+        settings = ImageRankSettings.from_hf_config(config)
+    except ValueError as error:
+        refuse("image settings the image path can apply", str(error))
+    problem = device_problem(settings.decode_device)
+    if problem is not None:
+        refuse(f"a device it can decode on ({CONFIG_KEY}.decode_device)", problem)
 
 
 def _check_tokenizer(config: dict[str, Any], tokenizer: Any, refuse: Callable[[str, str], NoReturn]) -> None:

@@ -11,13 +11,10 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
 
 from transformers import AutoTokenizer
 
 from scoring_plugin.checkpoint_fit import CheckpointMismatch, check_fit
-from scoring_plugin.image_rank.device_pixels import device_problem
-from scoring_plugin.image_rank.settings import ImageRankSettings
 from scoring_server.config import ModelKind, ModelSettings
 
 
@@ -38,8 +35,6 @@ def check_checkpoints(models: list[ModelSettings]) -> None:
             check_fit(model.name, model.kind.value, config, _tokenizer(model))
         except CheckpointMismatch as error:
             raise UnservableModel(str(error)) from None
-        if model.kind is ModelKind.IMAGE_RANK:
-            _check_image_settings(model.name, config)
         conversion = model.conversion()
         if conversion is not None:
             logger.info("model %s: %s", model.name, conversion.reason)
@@ -58,15 +53,3 @@ def _tokenizer(model: ModelSettings) -> object | None:
         return AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as error:
         raise UnservableModel(f"model {model.name!r}: cannot load the tokenizer from {source}: {error}") from None
-
-
-def _check_image_settings(name: str, config: dict[str, Any]) -> None:
-    """The checkpoint's image section with the deployment's values (limits, pools, where to
-    decode), before any engine starts: a value the image path cannot apply is the start's error."""
-    try:
-        settings = ImageRankSettings.from_hf_config(config)
-    except ValueError as error:
-        raise UnservableModel(f"model {name!r}: {error}") from None
-    problem = device_problem(settings.decode_device)
-    if problem is not None:
-        raise UnservableModel(f"model {name!r}: {problem}")

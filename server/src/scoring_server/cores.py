@@ -164,11 +164,7 @@ def stop_together(stops: list[Callable[[], None]]) -> None:
     waits. Returns once all have run; the first error, if any, is raised then. The caller's
     thread (the event loop, when draining) waits here, so nothing else uses the engines'
     clients meanwhile."""
-    if len(stops) < 2:
-        for stop in stops:
-            stop()
-        return
-    with ThreadPoolExecutor(len(stops), thread_name_prefix="engine-stop") as pool:
+    with ThreadPoolExecutor(max(1, len(stops)), thread_name_prefix="engine-stop") as pool:
         futures = [pool.submit(stop) for stop in stops]
     for future in futures:
         future.result()

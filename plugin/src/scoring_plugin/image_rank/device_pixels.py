@@ -75,9 +75,9 @@ def device_problem(device: str) -> str | None:
     where = f"{CONFIG_KEY}.decode_device is {device!r}"
     if not torch.cuda.is_available():
         return f"{where} but no CUDA GPU is visible"
-    index = torch.device(device).index or 0
-    if index >= torch.cuda.device_count():
-        return f"{where} but only {torch.cuda.device_count()} CUDA GPU(s) are visible"
+    index, visible = torch.device(device).index or 0, torch.cuda.device_count()
+    if index >= visible:
+        return f"{where} but only {visible} CUDA GPU(s) are visible"
     try:
         import torchvision.io  # noqa: F401
     except ImportError as exc:
