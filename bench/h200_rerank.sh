@@ -40,6 +40,8 @@
 #                                     # (`grpc-threads`), c=1, 20 and 1 documents (~3.5 min)
 #   sh bench/h200_rerank.sh variants  # ours with async scheduling asked for explicitly (the packed
 #                                     # default); scoring-parity --pack-pairs in bf16
+# `family` and `published` take CONCURRENCY (e.g. 16: only the loads a run still lacks; default the
+# scenario's 1,16,64), DOCS_SWEEP ("" for none; default 1) and, for `family`, SYSTEMS.
 # The base build's wheels come from .whl-base, or the directory WHL_BASE names (relative to the
 # project's root), so one staging can hold two bases; WHL_BASE=.whl is an A/A run (this tree on
 # both sides: what the harness itself tilts between its two servers).
@@ -83,12 +85,14 @@ systems)
         --out "$OUT" 2>&1 | tail -40
     ;;
 family)
-    python3 rerank.py --family "$FAMILY" --systems hf,grpc,vllm --seconds-per-level 6 --docs-sweep 1 \
-        --length-sweep short,long --work "/tmp/bw-$FAMILY" --out "$OUT/$FAMILY" 2>&1 | sed -n "/^Rerank,/,\$p"
+    python3 rerank.py --family "$FAMILY" --systems "${SYSTEMS:-hf,grpc,vllm}" --seconds-per-level 6 \
+        ${CONCURRENCY:+--concurrency "$CONCURRENCY"} --docs-sweep "${DOCS_SWEEP-1}" --length-sweep short,long \
+        --work "/tmp/bw-$FAMILY" --out "$OUT/$FAMILY" 2>&1 | sed -n "/^Rerank,/,\$p"
     packed_dtypes_parity /tmp/bw-"$FAMILY"/model-* "$OUT/$FAMILY"
     ;;
 published)
-    python3 rerank.py --published --systems grpc,vllm --seconds-per-level 8 --docs-sweep 1 --length-sweep short,long \
+    python3 rerank.py --published --systems grpc,vllm --seconds-per-level 8 ${CONCURRENCY:+--concurrency "$CONCURRENCY"} \
+        --docs-sweep "${DOCS_SWEEP-1}" --length-sweep short,long \
         --work /tmp/bw-published --out "$OUT/published" 2>&1 | sed -n "/^Rerank,/,\$p"
     packed_dtypes_parity /tmp/bw-published/model-* "$OUT/published"
     ;;
