@@ -141,6 +141,14 @@ class ImageServer(LocalHttpServer):
             self._send(h, 200, self.images[0][: len(self.images[0]) // 2], "image/jpeg")
         elif route == "/bomb":
             self._send(h, 200, png_header_only(100_000, 100_000), "image/png")
+        elif route == "/once-per-connection":
+            # Keep-alive, then the connection's next request is read and never answered: a
+            # server closing an idle keep-alive connection as the client reuses it.
+            if getattr(h, "answered", False):
+                h.close_connection = True
+                return
+            h.answered = True  # type: ignore[attr-defined]  # the handler lives as long as its connection
+            self._send(h, 200, self.images[2], "image/jpeg")
         elif route == "/gif":
             self._send(h, 200, gif_bytes(), "image/gif")
         elif route == "/redirect-ok":

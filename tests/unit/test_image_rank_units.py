@@ -171,6 +171,19 @@ def test_downloads_follow_safe_redirects_and_accept_octet_streams(fetcher: UrlFe
     assert fetcher.fetch(image_server.url("/octet")) == image_server.images[0]
 
 
+def test_a_pooled_connection_the_server_closed_is_retried_on_a_new_one(image_server: ImageServer) -> None:
+    """The second GET goes out on the pooled keep-alive connection, which the server drops
+    unanswered (as idle-timeout closes race a reuse): one more try on a new connection, not a
+    failed image."""
+    fetcher = UrlFetcher(SETTINGS)
+    try:
+        first, second = (fetcher.fetch(image_server.url("/once-per-connection")) for _ in range(2))
+    finally:
+        fetcher.close()
+    assert first == second == image_server.images[2]
+    assert image_server.hits["/once-per-connection"] == 3  # the unanswered request counts too
+
+
 @pytest.mark.parametrize(
     "url", ["file:///etc/passwd", "ftp://127.0.0.1/x", "http://user:pw@127.0.0.1/x", "http://10.0.0.1/x.png",
             "http://[::1]/x.png", "http://localhost:1/x.png"],

@@ -27,7 +27,7 @@ from urllib.parse import urljoin, urlsplit
 import urllib3
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
-from urllib3.exceptions import HTTPError, NewConnectionError, TimeoutError as Urllib3Timeout
+from urllib3.exceptions import HTTPError, NewConnectionError, ProtocolError, TimeoutError as Urllib3Timeout
 
 from scoring_plugin.image_rank.settings import ImageRankSettings, IPNetwork
 from scoring_plugin.image_rank.types import ImageErrorKind, ImageLoadError
@@ -190,6 +190,11 @@ def _checked(connection: type[HTTPConnection], policy: AddressPolicy) -> type[HT
     return Checked
 
 
+def _stopped() -> bool:
+    download: Download | None = getattr(_current, "download", None)
+    return download is not None and download.stopped is not None
+
+
 def _watch(sock: socket.socket | None) -> None:
     download: Download | None = getattr(_current, "download", None)
     if download is not None and sock is not None:
@@ -287,15 +292,16 @@ class UrlFetcher:
                 )
 
     def _open(self, url: str, deadline: float) -> urllib3.BaseHTTPResponse:
-        remaining = _remaining(deadline)
         try:
-            return self._pools.request(
-                "GET",
-                url,
-                preload_content=False,
-                redirect=False,
-                timeout=urllib3.Timeout(connect=remaining, read=remaining),
-            )
+            try:
+                return self._get(url, deadline)
+            except ProtocolError:
+                # The connection dropped before any answer: most often a pooled keep-alive
+                # connection that its server closed as it was reused (an idle timeout racing the
+                # reuse). A GET can go again, once, unless the download was stopped.
+                if _stopped():
+                    raise
+                return self._get(url, deadline)
         except _ForbiddenPeer as exc:
             raise ImageLoadError(ImageErrorKind.URL_FORBIDDEN, str(exc).split(": ", 1)[-1]) from None
         except NewConnectionError as exc:
@@ -306,6 +312,11 @@ class UrlFetcher:
             raise ImageLoadError(ImageErrorKind.FETCH_TIMEOUT, "the image server did not answer in time") from None
         except HTTPError as exc:
             raise ImageLoadError(ImageErrorKind.FETCH_FAILED, f"cannot fetch: {type(exc).__name__}") from None
+
+    def _get(self, url: str, deadline: float) -> urllib3.BaseHTTPResponse:
+        remaining = _remaining(deadline)
+        timeout = urllib3.Timeout(connect=remaining, read=remaining)
+        return self._pools.request("GET", url, preload_content=False, redirect=False, timeout=timeout)
 
     def _body(self, response: urllib3.BaseHTTPResponse, deadline: float) -> bytes:
         if response.status in (404, 410):
