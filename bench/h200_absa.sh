@@ -76,10 +76,10 @@ frontends)
         --work /tmp/bw --out "$OUT" 2>&1 | tail -30
     ;;
 c1)
-    python3 absa.py --systems grpc,grpc-frontends --channels 1 --concurrency 1 --seconds-per-level 8 \
-        --work /tmp/bw --out "$OUT/one-connection" 2>&1 | grep -A12 "^| system"
-    python3 absa.py --systems grpc-frontends --concurrency 1 --seconds-per-level 8 \
-        --work /tmp/bw --out "$OUT/sixteen-connections" 2>&1 | grep -A12 "^| system"
+    shown "^| system" "$OUT/c1-one-connection.log" python3 absa.py --systems grpc,grpc-frontends --channels 1 --concurrency 1 --seconds-per-level 8 \
+        --work /tmp/bw --out "$OUT/one-connection"
+    shown "^| system" "$OUT/c1-sixteen-connections.log" python3 absa.py --systems grpc-frontends --concurrency 1 --seconds-per-level 8 \
+        --work /tmp/bw --out "$OUT/sixteen-connections"
     ;;
 baselines)
     python3 absa.py --systems hf,grpc,plugin,classify --concurrency 1,32 --seconds-per-level 6 --work /tmp/bw \
@@ -87,16 +87,15 @@ baselines)
     ;;
 inline)
     for round in 1 2; do
-        python3 absa.py --systems grpc,grpc-threads --concurrency 1,32 --seconds-per-level 8 \
-            --work /tmp/bw --out "$OUT/inline-$round" 2>&1 | grep -A14 "^| system"
+        shown "^| system" "$OUT/inline-$round.log" python3 absa.py --systems grpc,grpc-threads --concurrency 1,32 --seconds-per-level 8 \
+            --work /tmp/bw --out "$OUT/inline-$round"
     done
     ;;
 ab)
     python3 -m pip install -q --no-deps --upgrade --target /tmp/site-base "../${WHL_BASE:-.whl-base}"/*.whl
-    python3 absa.py --systems grpc,grpc-base --base-site /tmp/site-base --ab-rounds "${AB_ROUNDS:-3}" \
+    shown "^| system" "$OUT/ab.log" python3 absa.py --systems grpc,grpc-base --base-site /tmp/site-base --ab-rounds "${AB_ROUNDS:-3}" \
         --scenario "${AB_SCENARIO:-bf16}" --concurrency "${AB_CONCURRENCY:-1,32}" --seconds-per-level "${AB_SECONDS:-8}" \
-        --work /tmp/bw --out "$OUT/ab" \
-        2>&1 | sed -n "/^| system/,\$p"
+        --work /tmp/bw --out "$OUT/ab"
     # Each side's start-up kernel plans: near a margin two starts can choose differently, which
     # moves the loaded levels by a few percent (docs/performance.md, harness noise).
     for side in grpc grpc-base; do
@@ -105,8 +104,7 @@ ab)
     ;;
 tf32-ab)
     python3 -m pip install -q --no-deps --upgrade --target /tmp/site-base "../${WHL_BASE:-.whl-base}"/*.whl
-    python3 absa.py --scenario fp32 --systems grpc-tf32,grpc-base-tf32 --base-site /tmp/site-base \
-        --ab-rounds "${AB_ROUNDS:-3}" --concurrency 1,32 --seconds-per-level 6 --work /tmp/bw --out "$OUT/tf32-ab" \
-        2>&1 | sed -n "/^| system/,\$p"
+    shown "^| system" "$OUT/tf32-ab.log" python3 absa.py --scenario fp32 --systems grpc-tf32,grpc-base-tf32 --base-site /tmp/site-base \
+        --ab-rounds "${AB_ROUNDS:-3}" --concurrency 1,32 --seconds-per-level 6 --work /tmp/bw --out "$OUT/tf32-ab"
     ;;
 esac

@@ -12,12 +12,12 @@ set -eu
 cd bench
 case "$1" in
 rerank)
-    python3 rerank.py --systems grpc,grpc-dp --data-parallel-size 2 --concurrency 16,64 --docs-sweep "" \
-        --seconds-per-level 8 --work /tmp/bw-dp --out "$OUT/dp" 2>&1 | sed -n "/^Rerank,/,\$p"
+    shown "^Rerank," "$OUT/dp-rerank.log" python3 rerank.py --systems grpc,grpc-dp --data-parallel-size 2 --concurrency 16,64 --docs-sweep "" \
+        --seconds-per-level 8 --work /tmp/bw-dp --out "$OUT/dp"
     ;;
 absa)
-    python3 absa.py --systems grpc,grpc-dp --data-parallel-size 2 --concurrency 32,64 --seconds-per-level 8 \
-        --work /tmp/bw-dp --out "$OUT/dp" 2>&1 | sed -n "/^| system/,\$p"
+    shown "^| system" "$OUT/dp-absa.log" python3 absa.py --systems grpc,grpc-dp --data-parallel-size 2 --concurrency 32,64 --seconds-per-level 8 \
+        --work /tmp/bw-dp --out "$OUT/dp"
     ;;
 parity)
     python3 -c "import json, rerank; print('\n'.join(json.dumps({'query': q, 'documents': d}) for q, d in rerank.make_requests(4, 20, seed=11)))" > /tmp/queries.jsonl

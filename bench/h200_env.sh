@@ -4,3 +4,5 @@ sh .gpu/bin/install.sh >/dev/null
 . .gpu/bin/env.sh
 python3 -m pip install -q --no-deps --upgrade --target /tmp/site .whl/*.whl
 export VLLM_WORKER_MULTIPROC_METHOD=spawn
+
+. bench/shown.sh

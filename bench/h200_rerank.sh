@@ -85,15 +85,15 @@ systems)
         --out "$OUT" 2>&1 | tail -40
     ;;
 family)
-    python3 rerank.py --family "$FAMILY" --systems "${SYSTEMS:-hf,grpc,vllm}" --seconds-per-level 6 \
+    shown "^Rerank," "$OUT/$FAMILY.log" python3 rerank.py --family "$FAMILY" --systems "${SYSTEMS:-hf,grpc,vllm}" --seconds-per-level 6 \
         ${CONCURRENCY:+--concurrency "$CONCURRENCY"} --docs-sweep "${DOCS_SWEEP-1}" --length-sweep short,long \
-        --work "/tmp/bw-$FAMILY" --out "$OUT/$FAMILY" 2>&1 | sed -n "/^Rerank,/,\$p"
+        --work "/tmp/bw-$FAMILY" --out "$OUT/$FAMILY"
     packed_dtypes_parity /tmp/bw-"$FAMILY"/model-* "$OUT/$FAMILY"
     ;;
 published)
-    python3 rerank.py --published --systems grpc,vllm --seconds-per-level 8 ${CONCURRENCY:+--concurrency "$CONCURRENCY"} \
+    shown "^Rerank," "$OUT/published.log" python3 rerank.py --published --systems grpc,vllm --seconds-per-level 8 ${CONCURRENCY:+--concurrency "$CONCURRENCY"} \
         --docs-sweep "${DOCS_SWEEP-1}" --length-sweep short,long \
-        --work /tmp/bw-published --out "$OUT/published" 2>&1 | sed -n "/^Rerank,/,\$p"
+        --work /tmp/bw-published --out "$OUT/published"
     packed_dtypes_parity /tmp/bw-published/model-* "$OUT/published"
     ;;
 variants)
@@ -102,13 +102,13 @@ variants)
     packed_parity 6 parity-packed-bf16.json --dtype bfloat16
     ;;
 inline)
-    python3 rerank.py --systems grpc,grpc-threads --concurrency 1 --docs-sweep 1 --seconds-per-level 8 \
-        --work /tmp/bw --out "$OUT" 2>&1 | grep -A14 "^| system"
+    shown "^| system" "$OUT/inline.log" python3 rerank.py --systems grpc,grpc-threads --concurrency 1 --docs-sweep 1 --seconds-per-level 8 \
+        --work /tmp/bw --out "$OUT"
     ;;
 ab)
     python3 -m pip install -q --no-deps --upgrade --target /tmp/site-base "../${WHL_BASE:-.whl-base}"/*.whl
-    python3 rerank.py --systems grpc,grpc-base --base-site /tmp/site-base --ab-rounds "${AB_ROUNDS:-3}" --docs-sweep 1 \
-        --seconds-per-level "${AB_SECONDS:-8}" --work /tmp/bw --out "$OUT/ab" 2>&1 | sed -n "/^| system/,\$p"
+    shown "^| system" "$OUT/ab.log" python3 rerank.py --systems grpc,grpc-base --base-site /tmp/site-base --ab-rounds "${AB_ROUNDS:-3}" --docs-sweep 1 \
+        --seconds-per-level "${AB_SECONDS:-8}" --work /tmp/bw --out "$OUT/ab"
     # Each side's start-up kernel plans: near a margin two starts can choose differently, which
     # moves the loaded levels by a few percent (docs/performance.md, harness noise).
     for side in grpc grpc-base; do
@@ -117,13 +117,13 @@ ab)
     ;;
 pack)
     for tokens in 8192 16384 24576; do
-        python3 rerank.py --systems grpc --pack-tokens "$tokens" --concurrency 16,64 --docs-sweep "" \
-            --seconds-per-level 8 --work /tmp/bw --out "$OUT/pack-$tokens" 2>&1 | grep "^| grpc"
+        shown "^| grpc" "$OUT/pack-$tokens.log" python3 rerank.py --systems grpc --pack-tokens "$tokens" --concurrency 16,64 --docs-sweep "" \
+            --seconds-per-level 8 --work /tmp/bw --out "$OUT/pack-$tokens"
     done
     ;;
 fp32)
-    python3 rerank.py --dtype float32 --systems grpc,grpc-tf32x3,vllm --concurrency 1,16 --docs-sweep "" \
-        --seconds-per-level 6 --work /tmp/bw --out "$OUT/fp32" 2>&1 | sed -n "/^| system/,\$p"
+    shown "^| system" "$OUT/fp32.log" python3 rerank.py --dtype float32 --systems grpc,grpc-tf32x3,vllm --concurrency 1,16 --docs-sweep "" \
+        --seconds-per-level 6 --work /tmp/bw --out "$OUT/fp32"
     grep -h "3xTF32" /tmp/bw/grpc-tf32x3-server.log | cut -c1-300 || true
     ;;
 fp32-parity)
@@ -134,7 +134,7 @@ gpu-tests)
     ;;
 timeline)
     for c in 16 64; do
-        python3 gpu_timeline.py --concurrency "$c" --work /tmp/bw --out "$OUT" 2>&1 | sed -n "/^Device timeline/,\$p"
+        shown "^Device timeline" "$OUT/timeline-c$c.log" python3 gpu_timeline.py --concurrency "$c" --work /tmp/bw --out "$OUT"
     done
     ;;
 esac

@@ -8,6 +8,7 @@ fixed time per concurrency level. Errors are counted and reported, never hidden.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import os
 import platform
@@ -209,8 +210,22 @@ def free_port() -> int:
 _PROFILE_DIR = os.environ.get("BENCH_PROFILE")
 
 
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _terminated_with_the_bench() -> None:
+    """Runs in a server's process before it execs: the kernel sends it SIGTERM when the bench
+    dies, however it dies. A server has its own session (a terminal's Ctrl-C reaches only the
+    bench, which stops its servers in order), so a device call that runs out of time and kills
+    the bench's process group would otherwise leave the server running, holding its GPU memory,
+    and the next run on that machine would fail to start its own."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def start(command: list[str], log_path: Path, environment: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """``environment``: variables set for this server beside this process's own."""
+    """``environment``: variables set for this server beside this process's own. Call it from the
+    main thread: the server is stopped when the thread that started it ends
+    (:func:`_terminated_with_the_bench`)."""
     sink = log_path.open("wb")
     if _PROFILE_DIR:
         Path(_PROFILE_DIR).mkdir(parents=True, exist_ok=True)
@@ -218,7 +233,8 @@ def start(command: list[str], log_path: Path, environment: dict[str, str] | None
         command = ["py-spy", "record", "--subprocesses", "--threads", "--idle", "--nonblocking", "-r", "100",
                    "--format", "raw", "-o", str(profile), "--", *command]
     env = None if environment is None else {**os.environ, **environment}
-    return subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    return subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+                            preexec_fn=_terminated_with_the_bench)
 
 
 # The model settings' flat packing keys before the `packing:` section (04f504e and earlier read
