@@ -11,18 +11,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
+from support.load import wait_for_exit
 from support.servers import REPO
-
-
-def _gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def test_a_killed_bench_takes_its_servers_with_it(tmp_path: Path) -> None:
@@ -42,10 +35,7 @@ def test_a_killed_bench_takes_its_servers_with_it(tmp_path: Path) -> None:
         assert os.getsid(server_pid) != os.getsid(bench.pid)
         bench.send_signal(signal.SIGKILL)  # no handler of the bench's can run
         bench.wait(10)
-        deadline = time.monotonic() + 10
-        while not _gone(server_pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _gone(server_pid), "the server outlived the bench that started it"
+        wait_for_exit(server_pid, timeout_s=10)  # the server must not outlive the bench that started it
     finally:
         bench.kill()
         bench.wait()
