@@ -92,6 +92,31 @@ def test_rerank_parity_report(tmp_path: Path, demo_models: dict[str, object]) ->
     assert "serving float32_matmul_high" in printed
 
 
+@pytest.mark.parametrize(("model", "rerank_section"), [
+    # The published causal checkpoint with the plain pair template (as the GPU bench serves it
+    # so that `vllm serve` sees the same tokens): the yes/no head, not a random classifier's.
+    ("qwen3-reranker", {"template": "tokenizer_pair"}),
+    # A deployment's own instruction: the reference frames the prompt with it, as served.
+    ("qwen3-reranker", {"instruction": "Find the documents about cats"}),
+    ("qwen3-seq-cls", {"instruction": "Find the documents about cats"}),
+], ids=["published-pair-template", "published-instruction", "seq-cls-instruction"])
+def test_qwen3_parity_follows_the_served_prompt_settings(
+    tmp_path: Path, demo_models: dict[str, object], model: str, rerank_section: dict[str, str]
+) -> None:
+    """The reference scores what the server serves under the checkpoint's rerank settings: a
+    template or instruction the reference ignored reported a false FAIL (orderings 0/4 on the
+    GPU bench's published model), though the served scores were right."""
+    rows = [
+        {"query": q, "documents": [f"{q} answer {i}: " + "some text " * i for i in range(6)]}
+        for q in ("quiet cafe", "how do cats sleep")
+    ]
+    overrides = json.dumps({"scoring_rerank": rerank_section})
+    report, _ = _run(tmp_path, demo_models[model].path, rows, "--pack-pairs", "--hf-overrides", overrides)
+    fp32 = report["reference_vs_plugin_fp32"]
+    assert fp32["documents"] == 12
+    assert fp32["orderings_match"] == 2 and fp32["max_abs_score_diff"] < 1e-4
+
+
 # Over the demo cross-encoder's 512 tokens; the kept part differs by side (apples or oranges).
 OVER_LONG = [
     {"query": "what is the capital of France", "documents": ["Paris is the capital of France", "Lyon"]},

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
@@ -94,42 +95,70 @@ def pair_cross_encoder(path: Path, truncation: TruncationOptions | None = None, 
     return score
 
 
-def _qwen3_inputs(
-    tokenizer, query: str, documents: list[str], truncation: TruncationOptions | None = None
-) -> dict[str, torch.Tensor]:
-    """Qwen3-Reranker's published recipe: prefix + formatted pair + suffix, right-padded.
-    `truncation`: the document alone is cut, the whole prompt within the limit."""
-    prefix = tokenizer(QWEN3_SYSTEM_PREFIX, add_special_tokens=False)["input_ids"]
-    suffix = tokenizer(QWEN3_SUFFIX, add_special_tokens=False)["input_ids"]
-    head = f"<Instruct>: {QWEN3_DEFAULT_INSTRUCTION}\n<Query>: {query}\n<Document>:"
-    if truncation is None:
-        bodies = [tokenizer(f"{head} {d}", add_special_tokens=False)["input_ids"] for d in documents]
-    else:
-        # The pair (head, " " + document) without special tokens is the formatted text's
-        # tokens, split where the document starts, so the tokenizer can cut the document.
-        cut = _cut(tokenizer, truncation, "only_second", reserved=len(prefix) + len(suffix))
-        bodies = tokenizer(
-            [head] * len(documents), [f" {d}" for d in documents], add_special_tokens=False, **cut
-        )["input_ids"]
-    rows = [prefix + body + suffix for body in bodies]
+# (tokenizer, query, documents) -> right-padded input_ids, attention_mask and each row's length
+Layout = Callable[[Any, str, list[str]], dict[str, torch.Tensor]]
+
+
+def _right_padded(rows: list[list[int]], pad: int | None) -> dict[str, torch.Tensor]:
+    """Right padding, so that a causal model's positions and last tokens need no mask logic."""
     width = max(len(r) for r in rows)
-    pad = tokenizer.pad_token_id
-    ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
-    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
-    return {"input_ids": ids, "attention_mask": mask, "lengths": torch.tensor([len(r) for r in rows])}
+    filler = 0 if pad is None else pad
+    return {
+        "input_ids": torch.tensor([r + [filler] * (width - len(r)) for r in rows]),
+        "attention_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows]),
+        "lengths": torch.tensor([len(r) for r in rows]),
+    }
 
 
-def qwen3_seq_cls(path: Path, dtype: torch.dtype = DTYPE, truncation: TruncationOptions | None = None) -> Scorer:
+def pair_layout(truncation: TruncationOptions | None = None) -> Layout:
+    """The tokenizer's own pair encoding, special tokens included. `truncation`: the document
+    alone is cut."""
+
+    def inputs(tokenizer: Any, query: str, documents: list[str]) -> dict[str, torch.Tensor]:
+        cut = _cut(tokenizer, truncation, "only_second")
+        rows = tokenizer([query] * len(documents), documents, **cut)["input_ids"]
+        return _right_padded(rows, tokenizer.pad_token_id)
+
+    return inputs
+
+
+def qwen3_layout(instruction: str = QWEN3_DEFAULT_INSTRUCTION, truncation: TruncationOptions | None = None) -> Layout:
+    """Qwen3-Reranker's published recipe: prefix + formatted pair (with `instruction`) + suffix.
+    `truncation`: the document alone is cut, the whole prompt within the limit."""
+
+    def inputs(tokenizer: Any, query: str, documents: list[str]) -> dict[str, torch.Tensor]:
+        prefix = tokenizer(QWEN3_SYSTEM_PREFIX, add_special_tokens=False)["input_ids"]
+        suffix = tokenizer(QWEN3_SUFFIX, add_special_tokens=False)["input_ids"]
+        head = f"<Instruct>: {instruction}\n<Query>: {query}\n<Document>:"
+        if truncation is None:
+            bodies = [tokenizer(f"{head} {d}", add_special_tokens=False)["input_ids"] for d in documents]
+        else:
+            # The pair (head, " " + document) without special tokens is the formatted text's
+            # tokens, split where the document starts, so the tokenizer can cut the document.
+            cut = _cut(tokenizer, truncation, "only_second", reserved=len(prefix) + len(suffix))
+            bodies = tokenizer(
+                [head] * len(documents), [f" {d}" for d in documents], add_special_tokens=False, **cut
+            )["input_ids"]
+        return _right_padded([prefix + body + suffix for body in bodies], tokenizer.pad_token_id)
+
+    return inputs
+
+
+def qwen3_seq_cls(
+    path: Path, dtype: torch.dtype = DTYPE, truncation: TruncationOptions | None = None,
+    instruction: str = QWEN3_DEFAULT_INSTRUCTION,
+) -> Scorer:
     """`dtype`: fp32 for parity; another dtype measures what that dtype alone does to scores
     (`bench/reference_dtype_check.py`)."""
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = Qwen3ForSequenceClassification.from_pretrained(path, dtype=dtype).eval()
+    layout = qwen3_layout(instruction, truncation)
 
     @torch.no_grad()
     def score(query: str, documents: list[str], batched: bool) -> list[float]:
         out: list[float] = []
         for chunk in _chunks(documents, batched):
-            enc = _qwen3_inputs(tokenizer, query, chunk, truncation)
+            enc = layout(tokenizer, query, chunk)
             enc.pop("lengths")
             out += model(**enc).logits[:, 0].tolist()
         return out
@@ -137,22 +166,26 @@ def qwen3_seq_cls(path: Path, dtype: torch.dtype = DTYPE, truncation: Truncation
     return score
 
 
-def qwen3_original_reranker(path: Path, truncation: TruncationOptions | None = None) -> Scorer:
-    """The causal LM scored as in Qwen3-Reranker: logit("yes") - logit("no") at the last token,
-    whose sigmoid equals the published softmax over (no, yes)."""
+def two_token_causal(path: Path, tokens: list[str], layout: Layout) -> Scorer:
+    """A causal LM served with `classifier_from_token: [false, true]` (Qwen3-Reranker as
+    published): logit(true) - logit(false) at the prompt's last token, whose sigmoid equals the
+    published softmax over the two tokens. `layout`: the prompt the served template builds, so
+    a checkpoint configured with another template is scored on the same tokens."""
+    if len(tokens) != 2:
+        raise ValueError(f"classifier_from_token needs two tokens (false, true), got {tokens}")
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = Qwen3ForCausalLM.from_pretrained(path, dtype=DTYPE).eval()
-    yes, no = tokenizer.convert_tokens_to_ids("yes"), tokenizer.convert_tokens_to_ids("no")
+    false_id, true_id = (tokenizer.convert_tokens_to_ids(t) for t in tokens)
 
     @torch.no_grad()
     def score(query: str, documents: list[str], batched: bool) -> list[float]:
         out: list[float] = []
         for chunk in _chunks(documents, batched):
-            enc = _qwen3_inputs(tokenizer, query, chunk, truncation)
+            enc = layout(tokenizer, query, chunk)
             lengths = enc.pop("lengths")
             logits = model(**enc).logits
             last = logits[torch.arange(len(chunk)), lengths - 1]
-            out += (last[:, yes] - last[:, no]).tolist()
+            out += (last[:, true_id] - last[:, false_id]).tolist()
         return out
 
     return score
@@ -197,8 +230,11 @@ def reference_for(
         return bi_encoder(path, truncation)
     if settings.mode is RerankMode.LATE_INTERACTION:
         return colbert(path, truncation)
-    if settings.template is PromptTemplate.QWEN3_RERANKER:
-        if raw.get("is_original_qwen3_reranker"):
-            return qwen3_original_reranker(path, truncation)
-        return qwen3_seq_cls(path, truncation=truncation)
+    qwen3 = settings.template is PromptTemplate.QWEN3_RERANKER
+    tokens = raw.get("classifier_from_token")
+    if tokens:  # the head the loader builds from the LM head, whatever the template
+        layout = qwen3_layout(settings.instruction, truncation) if qwen3 else pair_layout(truncation)
+        return two_token_causal(path, [str(t) for t in tokens], layout)
+    if qwen3:
+        return qwen3_seq_cls(path, truncation=truncation, instruction=settings.instruction)
     return pair_cross_encoder(path, truncation, settings.score_label)
