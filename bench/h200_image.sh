@@ -15,15 +15,16 @@ set -eu
 cd bench
 case "$1" in
 frontends)
-    python3 image_rank.py --eager --seconds-per-level 4 --frontends "1,${2:-4}" --work /tmp/iw --out "$OUT" 2>&1 | tail -25
+    shown "^Image ranking," "$OUT/frontends.log" python3 image_rank.py --eager --seconds-per-level 4 --frontends "1,${2:-4}" \
+        --work /tmp/iw --out "$OUT"
     ;;
 check)
-    python3 image_rank_check.py --out "$OUT" 2>&1 | tail -25
+    shown "^{" "$OUT/check.log" python3 image_rank_check.py --out "$OUT"
     ;;
 decode)
     (cd .. && python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit/test_device_pixels.py 2>&1 | tail -5)
     python3 image_pixels.py | tee "$OUT/image-pixels.md"
-    python3 image_rank.py --eager --seconds-per-level 4 --frontends 1,4 --decode-devices cpu,cuda --systems grpc \
-        --work /tmp/iw --out "$OUT" 2>&1 | tail -25
+    shown "^Image ranking," "$OUT/decode.log" python3 image_rank.py --eager --seconds-per-level 4 --frontends 1,4 \
+        --decode-devices cpu,cuda --systems grpc --work /tmp/iw --out "$OUT"
     ;;
 esac

@@ -15,6 +15,10 @@
 #                                     # at short (~50-token) and long (~420-token) pairs; then the
 #                                     # packed path's parity (bf16 and fp32) against the fp32
 #                                     # reference, 4 queries x 20 documents (~5 min)
+#   sh bench/h200_rerank.sh parity    # the packed path's parity alone, bf16 and fp32 against the fp32
+#                                     # reference, 4 queries x 20 of the bench's documents, on FAMILY's
+#                                     # model (default qwen3), or with PUBLISHED=1 on Qwen3-Reranker as
+#                                     # published (~3 min)
 #   sh bench/h200_rerank.sh check     # parity bf16 of the packed path against the fp32 HF
 #                                     # reference, and the HF reference's own bf16 orderings (~3.5 min)
 #   sh bench/h200_rerank.sh fp32-parity  # float32 with 3xTF32 projections against IEEE float32 and
@@ -89,6 +93,11 @@ family)
         ${CONCURRENCY:+--concurrency "$CONCURRENCY"} --docs-sweep "${DOCS_SWEEP-1}" --length-sweep short,long \
         --work "/tmp/bw-$FAMILY" --out "$OUT/$FAMILY"
     packed_dtypes_parity /tmp/bw-"$FAMILY"/model-* "$OUT/$FAMILY"
+    ;;
+parity)
+    model=$(python3 rerank.py --build-only --family "${FAMILY:-qwen3}" ${PUBLISHED:+--published} --work /tmp/bw-parity | tail -1)
+    mkdir -p "$OUT/parity"
+    packed_dtypes_parity "$model" "$OUT/parity"
     ;;
 published)
     shown "^Rerank," "$OUT/published.log" python3 rerank.py --published --systems grpc,vllm --seconds-per-level 8 ${CONCURRENCY:+--concurrency "$CONCURRENCY"} \

@@ -51,6 +51,9 @@ class Level:
     mean_ms: float | None = None
     # What else sets the level's inputs apart (Workload.variant); "" for the scenario's own.
     variant: str = ""
+    # The first failed calls' exceptions (type: message), so a level's errors say what they were
+    # after the run, when its log may be gone.
+    first_errors: list[str] = field(default_factory=list)
 
     @property
     def workload(self) -> str:
@@ -477,6 +480,7 @@ async def closed_loop(
     latencies: list[float] = []
     tokens: list[int] = []
     errors = 0
+    first_errors: list[str] = []
     stop_at = time.perf_counter() + seconds
     counter = iter(range(10**9))
 
@@ -491,7 +495,8 @@ async def closed_loop(
             except Exception as exc:
                 errors += 1
                 if errors <= 3:
-                    log(f"{system} c={concurrency}: error {type(exc).__name__}: {str(exc)[:200]}")
+                    first_errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
+                    log(f"{system} c={concurrency}: error {first_errors[-1]}")
 
     cpu_before = cpu_seconds(server_pid) if server_pid else {}
     metrics_before = scrape(metrics_url) if metrics_url else {}
@@ -511,7 +516,8 @@ async def closed_loop(
     level = Level(system, n, concurrency, len(latencies), len(latencies) * n, elapsed,
                   len(latencies) * n / elapsed, pct(0.5), pct(0.95), pct(0.99), errors,
                   sum(tokens) / max(1, len(tokens) * n), cores, stages, memory,
-                  mean_ms=round(statistics.fmean(latencies) * 1e3, 2) if latencies else None, variant=variant)
+                  mean_ms=round(statistics.fmean(latencies) * 1e3, 2) if latencies else None, variant=variant,
+                  first_errors=first_errors)
     log(f"{system} items={level.workload} c={concurrency}: {level.items_per_s:,.0f} items/s, p50 {level.p50_ms:.1f} ms, "
         f"p95 {level.p95_ms:.1f} ms, errors {errors}" + (f", server cores {cores}" if cores else "")
         + (f", stages ms {stages}" if stages else ""))

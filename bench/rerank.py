@@ -492,7 +492,8 @@ def table(report: Report) -> str:
     return "\n".join(lines + stage_table(report.levels) + ab_table(report.levels))
 
 
-async def main_async(args: argparse.Namespace) -> Report:
+def scenario_of(args: argparse.Namespace) -> Scenario:
+    """The family's scenario with the command line's overrides."""
     gpu, smoke = FAMILIES[args.family]
     scenario = replace(smoke if args.cpu_smoke else gpu)
     scenario.pack_pairs = not args.no_pack
@@ -507,9 +508,19 @@ async def main_async(args: argparse.Namespace) -> Report:
     scenario.length_sweep = args.length_sweep
     if args.published:
         scenario.published, scenario.name = True, scenario.name.replace("qwen3", "qwen3-reranker-published")
-    work = Path(args.work)
+    return scenario
+
+
+def model_of(scenario: Scenario, work: Path) -> Path:
+    """The scenario's model under `work`, built on first use."""
     work.mkdir(parents=True, exist_ok=True)
-    model = build_model(scenario, work / f"model-{scenario.name}")
+    return build_model(scenario, work / f"model-{scenario.name}")
+
+
+async def main_async(args: argparse.Namespace) -> Report:
+    scenario = scenario_of(args)
+    work = Path(args.work)
+    model = model_of(scenario, work)
     requests = make_requests(64, scenario.docs_per_request, length=scenario.doc_length)
     report = Report(asdict(scenario), conditions(), tokens_per_pair(model, requests))
     log(f"{scenario.name}: {report.tokens_per_item:.0f} tokens/pair")
@@ -592,6 +603,8 @@ def main() -> None:
     parser.add_argument("--no-pack", action="store_true", help="our server without pair packing")
     parser.add_argument("--published", action="store_true",
                         help="the checkpoint as Qwen3-Reranker is published (Qwen3ForCausalLM, yes/no); not with hf")
+    parser.add_argument("--build-only", action="store_true",
+                        help="build the scenario's model in --work (if not there yet), print its path and stop")
     parser.add_argument("--pack-tokens", type=int, help="tokens per packed engine request")
     parser.add_argument("--full-graph-tokens", type=int,
                         help="our server's pack_full_graph_tokens (default: the server's)")
@@ -602,8 +615,11 @@ def main() -> None:
         parser.error("grpc-base needs --base-site")
     if args.published and args.family != "qwen3":
         parser.error("--published applies to the qwen3 family")
-    if args.published and "hf" in args.systems.split(","):
+    if args.published and "hf" in args.systems.split(",") and not args.build_only:
         parser.error("--published: the HF system runs the sequence classifier; leave hf out")
+    if args.build_only:
+        print(model_of(scenario_of(args), Path(args.work)))
+        return
     report = asyncio.run(main_async(args))
     length = "" if report.scenario["doc_length"] == "medium" else f"-{report.scenario['doc_length']}-docs"
     stem = f"rerank-{report.scenario['name']}-{report.scenario['dtype']}{length}"

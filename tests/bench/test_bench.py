@@ -366,3 +366,28 @@ def test_image_pixels_bench_cpu_smoke() -> None:
     done = _bench("image_pixels.py", "--devices", "cpu", "--seconds", "0.2", "--image-size", "32")
     row = next(line for line in done.stdout.splitlines() if line.startswith("| cpu | Pillow |"))
     assert float(row.split("|")[3].replace(",", "")) > 0 and row.endswith("| 1.0x |")
+
+
+def test_the_published_bench_model_passes_parity(tmp_path: Path) -> None:
+    """The bench's published-form model (a Qwen3ForCausalLM configured with the plain pair
+    template, so that every system sees the same tokens), built alone as `h200_rerank.sh parity`
+    builds it, passes `scoring-parity` packed: the GPU run's void comparison (a reference with a
+    random classifier head) cannot come back unnoticed."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from rerank import make_requests
+
+    done = _bench("rerank.py", "--cpu-smoke", "--published", "--build-only", "--work", str(tmp_path / "work"))
+    model = Path(done.stdout.strip().splitlines()[-1])
+    config = json.loads((model / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3ForCausalLM"]
+    assert config["scoring_rerank"]["template"] == "tokenizer_pair"
+    inputs = tmp_path / "queries.jsonl"
+    inputs.write_text("".join(json.dumps({"query": q, "documents": d}) + "\n" for q, d in make_requests(2, 5, seed=11)))
+    parity = subprocess.run(
+        [sys.executable, "-m", "scoring_server.parity", "--checkpoint", str(model), "--inputs", str(inputs),
+         "--pack-pairs", "--json", str(tmp_path / "report.json")],
+        capture_output=True, text=True, timeout=900, env=tool_env(),
+    )
+    assert parity.returncode == 0, (parity.stdout + parity.stderr)[-4000:]
+    fp32 = json.loads((tmp_path / "report.json").read_text())["reference_vs_plugin_fp32"]
+    assert fp32["documents"] == 10 and fp32["orderings_match"] == 2 and fp32["max_abs_score_diff"] < 1e-4

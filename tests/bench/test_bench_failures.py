@@ -59,3 +59,24 @@ def test_shown_prints_why_a_run_failed_before_its_table_and_stops_the_script(tmp
     assert "RuntimeError: port in use" in done.stdout
     assert "FAILED (exit 3)" in done.stdout
     assert "after" not in done.stdout
+
+
+def test_a_levels_errors_keep_what_they_were() -> None:
+    """Failed calls are counted and the first three say what failed, in the level's record (its
+    JSON), which outlives the run's log."""
+    import asyncio
+
+    sys.path.insert(0, str(REPO / "bench"))
+    import harness
+
+    calls = iter(range(10**6))
+
+    async def send(payload: int) -> int:
+        await asyncio.sleep(0.001)
+        if next(calls) % 2:
+            raise RuntimeError(f"image {payload}: cannot decode")
+        return 7
+
+    level = asyncio.run(harness.closed_loop(send, [3], 1, concurrency=2, seconds=0.2, system="test"))
+    assert level.errors > 3 and level.requests > 0
+    assert level.first_errors == ["RuntimeError: image 3: cannot decode"] * 3
