@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.servers import REPO, tool_env
+from support.servers import REPO, tool_env, venv_tool
 
 
 def _bench(script: str, *args: str, timeout: int = 1200) -> subprocess.CompletedProcess[str]:
@@ -384,7 +384,7 @@ def test_the_published_bench_model_passes_parity(tmp_path: Path) -> None:
     inputs = tmp_path / "queries.jsonl"
     inputs.write_text("".join(json.dumps({"query": q, "documents": d}) + "\n" for q, d in make_requests(2, 5, seed=11)))
     parity = subprocess.run(
-        [sys.executable, "-m", "scoring_server.parity", "--checkpoint", str(model), "--inputs", str(inputs),
+        [venv_tool("scoring-parity"), "--checkpoint", str(model), "--inputs", str(inputs),
          "--pack-pairs", "--json", str(tmp_path / "report.json")],
         capture_output=True, text=True, timeout=900, env=tool_env(),
     )

@@ -36,6 +36,11 @@ def _run(tmp_path: Path, checkpoint: str, rows: list[dict], *args: str) -> tuple
     return json.loads(report.read_text()), done.stdout
 
 
+def _queries(queries: tuple[str, ...], documents: int) -> list[dict]:
+    """Rerank input lines: each query with `documents` answers of growing length."""
+    return [{"query": q, "documents": [f"{q} answer {i}: " + "some text " * i for i in range(documents)]} for q in queries]
+
+
 @pytest.mark.parametrize("model", ["absa-bert", "absa-modernbert"])
 def test_absa_parity_report(tmp_path: Path, demo_models: dict[str, object], model: str) -> None:
     report, printed = _run(
@@ -74,10 +79,7 @@ def test_thresholds_from_config_apply_on_both_sides(tmp_path: Path, demo_models:
 
 
 def test_rerank_parity_report(tmp_path: Path, demo_models: dict[str, object]) -> None:
-    rows = [
-        {"query": q, "documents": [f"{q} answer {i}: " + "some text " * i for i in range(12)]}
-        for q in ("what is the capital of France", "how do cats sleep", "서울의 날씨")
-    ]
+    rows = _queries(("what is the capital of France", "how do cats sleep", "서울의 날씨"), 12)
     # Served in fp32 with TF32 matmuls: the gated comparison stays IEEE fp32 against the
     # reference; the relaxed path is reported beside it (on the CPU TF32 changes nothing).
     report, printed = _run(tmp_path, demo_models["bert-cross-encoder"].path, rows, "--float32-matmul-precision", "high")
@@ -106,10 +108,7 @@ def test_qwen3_parity_follows_the_served_prompt_settings(
     """The reference scores what the server serves under the checkpoint's rerank settings: a
     template or instruction the reference ignored reported a false FAIL (orderings 0/4 on the
     GPU bench's published model), though the served scores were right."""
-    rows = [
-        {"query": q, "documents": [f"{q} answer {i}: " + "some text " * i for i in range(6)]}
-        for q in ("quiet cafe", "how do cats sleep")
-    ]
+    rows = _queries(("quiet cafe", "how do cats sleep"), 6)
     overrides = json.dumps({"scoring_rerank": rerank_section})
     report, _ = _run(tmp_path, demo_models[model].path, rows, "--pack-pairs", "--hf-overrides", overrides)
     fp32 = report["reference_vs_plugin_fp32"]
