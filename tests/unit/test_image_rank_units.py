@@ -17,7 +17,7 @@ from PIL import Image
 from support.image_server import MIB, ImageServer, gif_bytes, png_header_only
 from scoring_plugin.image_rank.fetch import AddressPolicy, UrlFetcher
 from scoring_plugin.image_rank.loader import ImageLoader
-from scoring_plugin.image_rank.pixels import to_pixels
+from scoring_plugin.image_rank.pixels import normalise_table, normalised, to_pixels
 from scoring_plugin.image_rank.settings import ImageRankSettings
 from scoring_plugin.image_rank.types import ImageErrorKind, ImageLoadError, ImageSource
 from scoring_plugin.models.image_ranker import _row_order
@@ -53,28 +53,36 @@ def _variety() -> list[bytes]:
 
 @pytest.mark.parametrize("index", range(10))
 def test_pixels_equal_the_hugging_face_processor(index: int) -> None:
+    """The loader's 8-bit pixels, normalised as the model does on its device, are the Hugging
+    Face processor's."""
     data = _variety()[index]
-    ours = to_pixels(data, SETTINGS)
+    eight_bit = to_pixels(data, SETTINGS)
+    assert eight_bit.dtype == np.uint8 and eight_bit.flags["C_CONTIGUOUS"]
+    ours = normalised(torch.from_numpy(eight_bit), _table(SETTINGS)).numpy()
     theirs = image_processor(SETTINGS)([Image.open(io.BytesIO(data))], return_tensors="np")["pixel_values"][0]
     assert ours.shape == theirs.shape == (3, 32, 32)
     assert np.abs(ours - theirs).max() < 1e-5
 
 
+def _table(settings: ImageRankSettings) -> torch.Tensor:
+    return torch.from_numpy(normalise_table(settings.image_mean, settings.image_std))
+
+
 @pytest.mark.parametrize("mean_std", [None, ((0.5, 0.5, 0.5), (0.5, 0.25, 0.125))], ids=["clip", "custom"])
 def test_normalisation_table_gives_the_per_pixel_arithmetic_bit_for_bit(mean_std: tuple | None) -> None:
     """The lookup table is an optimisation only: every value equals what rescaling (float64,
-    as the Hugging Face processor) and normalising (float32) each pixel gives."""
-    from scoring_plugin.image_rank.pixels import _normalise
-
+    as the Hugging Face processor) and normalising (float32) each pixel gives, for one image
+    and for a batch of them."""
     settings = SETTINGS if mean_std is None else replace(SETTINGS, image_mean=mean_std[0], image_std=mean_std[1])
-    pixels = np.random.default_rng(4).integers(0, 256, (37, 23, 3), dtype=np.uint8)
+    pixels = np.random.default_rng(4).integers(0, 256, (2, 3, 37, 23), dtype=np.uint8)
     scaled = (pixels.astype(np.float64) * (1 / 255)).astype(np.float32)
-    mean = np.asarray(settings.image_mean, dtype=np.float32)
-    std = np.asarray(settings.image_std, dtype=np.float32)
-    expected = ((scaled - mean) / std).transpose(2, 0, 1)
-    got = _normalise(pixels, settings)
-    assert got.dtype == np.float32 and got.flags["C_CONTIGUOUS"]
-    assert np.array_equal(got, expected)
+    mean = np.asarray(settings.image_mean, dtype=np.float32)[:, None, None]
+    std = np.asarray(settings.image_std, dtype=np.float32)[:, None, None]
+    expected = (scaled - mean) / std
+    batch = normalised(torch.from_numpy(pixels), _table(settings))
+    assert batch.dtype == torch.float32 and batch.is_contiguous()
+    assert np.array_equal(batch.numpy(), expected)
+    assert np.array_equal(normalised(torch.from_numpy(pixels[1]), _table(settings)).numpy(), expected[1])
 
 
 def _truncated() -> bytes:

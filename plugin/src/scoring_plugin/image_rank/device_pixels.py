@@ -1,6 +1,7 @@
 """JPEG files to the model's pixels on a GPU (`decode_device: cuda`): nvJPEG decoding through
-torchvision, then the host path's resize, centre crop and normalisation as torch operations on
-the device; the pixels come back to the host for the engine request, as the host path's do.
+torchvision, then the host path's resize and centre crop as torch operations on the device; the
+8-bit pixels come back to the host for the engine request, as the host path's do (the engine
+normalises both).
 
 Why: decoding and, above all, resizing a photo on the CPU is the image ranker's wall (decision
 0020); on the GPU both take a small fraction of the time, and the front-end process that took
@@ -25,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from scoring_plugin.image_rank.pixels import decode, normalise_table, resized_size
+from scoring_plugin.image_rank.pixels import decode, resized_size
 from scoring_plugin.image_rank.settings import CONFIG_KEY, ImageRankSettings
 from scoring_plugin.image_rank.types import ImageLoadError
 
@@ -48,7 +49,6 @@ class DevicePixels:
         self._rgb = ImageReadMode.RGB
         self._device = device
         self._settings = settings
-        self._table = torch.from_numpy(normalise_table(settings.image_mean, settings.image_std)).to(device)
 
     @staticmethod
     def takes(image: Image.Image) -> bool:
@@ -56,14 +56,14 @@ class DevicePixels:
         return image.format == "JPEG" and image.mode in _DEVICE_MODES
 
     def to_pixels(self, files: Sequence[tuple[bytes, Image.Image]]) -> list[np.ndarray | ImageLoadError]:
-        """float32 [3, size, size] per file, in order, from one batch on the GPU; the host path
+        """uint8 [3, size, size] per file, in order, from one batch on the GPU; the host path
         for each file if nvJPEG fails on the batch."""
         encoded = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data, _ in files]
         try:
             decoded = self._decode_jpeg(encoded, mode=self._rgb, device=self._device)
         except RuntimeError:
             return [_host(header, self._settings) for _, header in files]
-        prepared = torch.stack([prepare(image, self._settings.image_size, self._table) for image in decoded])
+        prepared = torch.stack([prepare(image, self._settings.image_size) for image in decoded])
         return list(prepared.cpu().numpy())
 
 
@@ -85,10 +85,9 @@ def device_problem(device: str) -> str | None:
     return None
 
 
-def prepare(image: torch.Tensor, size: int, table: torch.Tensor) -> torch.Tensor:
-    """[3, size, size] float32 from [3, H, W] uint8, on the image's device: the host path's
-    steps (shortest side to `size`, bicubic, 8-bit result; centre crop; the normalisation table
-    of :func:`normalise_table`, on `table`'s device)."""
+def prepare(image: torch.Tensor, size: int) -> torch.Tensor:
+    """[3, size, size] uint8 from [3, H, W] uint8, on the image's device: the host path's steps
+    (shortest side to `size`, bicubic, 8-bit result; centre crop)."""
     height, width = image.shape[1:]
     new_width, new_height = resized_size(width, height, size)
     pixels = image
@@ -98,8 +97,7 @@ def prepare(image: torch.Tensor, size: int, table: torch.Tensor) -> torch.Tensor
         )
         pixels = resized[0].round_().clamp_(0, 255).to(torch.uint8)
     top, left = (new_height - size) // 2, (new_width - size) // 2
-    crop = pixels[:, top : top + size, left : left + size].long()
-    return torch.stack([table[c][crop[c]] for c in range(3)])
+    return pixels[:, top : top + size, left : left + size]
 
 
 def _host(header: Image.Image, settings: ImageRankSettings) -> np.ndarray | ImageLoadError:

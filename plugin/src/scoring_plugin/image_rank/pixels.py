@@ -1,8 +1,14 @@
-"""Encoded image bytes to the model's normalised pixels, with Pillow, never re-encoded.
+"""Encoded image bytes to the model's 8-bit pixels, with Pillow, never re-encoded; and the
+normalisation the model applies to them on its own device.
 
 The steps are those of the Hugging Face ``CLIPImageProcessor`` (PIL backend): RGB (Pillow's
-conversion, which drops alpha), shortest side to ``image_size`` with bicubic resampling, centre crop,
-scale to [0, 1], normalise. The parity tests run the Hugging Face processor on the same bytes.
+conversion, which drops alpha), shortest side to ``image_size`` with bicubic resampling, centre
+crop; then, in the model (:func:`normalised`), scale to [0, 1] and normalise. The parity tests
+run the Hugging Face processor on the same bytes.
+
+Why the split: every value after the crop is one of 256 per channel, so the pixels cross from
+the front-end to the engine process as uint8 (a quarter of float32's bytes) and become the same
+float32 values there through a 768-entry table, on the engine's GPU.
 
 Everything about the file is checked before its pixels are decoded: the container must be JPEG,
 PNG or WebP whatever the caller or a server claims, and its header's dimensions must be within
@@ -16,6 +22,7 @@ import io
 import warnings
 
 import numpy as np
+import torch
 from PIL import Image, UnidentifiedImageError
 
 from scoring_plugin.image_rank.settings import ImageRankSettings
@@ -25,7 +32,7 @@ ALLOWED_FORMATS = frozenset({"JPEG", "PNG", "WEBP"})
 
 
 def to_pixels(data: bytes, settings: ImageRankSettings) -> np.ndarray:
-    """float32 [3, size, size]; raises ImageLoadError naming what is wrong with the file."""
+    """uint8 [3, size, size]; raises ImageLoadError naming what is wrong with the file."""
     return decode(open_checked(data, settings), settings)
 
 
@@ -64,14 +71,15 @@ def open_checked(data: bytes, settings: ImageRankSettings) -> Image.Image:
 
 
 def decode(image: Image.Image, settings: ImageRankSettings) -> np.ndarray:
-    """float32 [3, size, size] from an image :func:`open_checked` returned."""
+    """uint8 [3, size, size] from an image :func:`open_checked` returned."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             image.load()
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombWarning) as exc:
         raise ImageLoadError(ImageErrorKind.INVALID_IMAGE, f"image data is damaged: {exc}") from None
-    return _normalise(_center_crop(_resize(_rgb(image), settings.image_size), settings.image_size), settings)
+    crop = _center_crop(_resize(_rgb(image), settings.image_size), settings.image_size)
+    return np.ascontiguousarray(crop.transpose(2, 0, 1))
 
 
 def _rgb(image: Image.Image) -> Image.Image:
@@ -100,13 +108,12 @@ def _center_crop(image: Image.Image, size: int) -> np.ndarray:
     return pixels[top : top + size, left : left + size]
 
 
-def _normalise(pixels: np.ndarray, settings: ImageRankSettings) -> np.ndarray:
-    """[3, H, W] float32 from [H, W, 3] uint8 through a per-channel table of the 256 values:
-    the same float32 arithmetic per value as computing every pixel, done 768 times instead of
-    once per pixel and channel, so the per-image cost is a table lookup rather than float
-    arithmetic on every pixel."""
-    table = normalise_table(settings.image_mean, settings.image_std)
-    return np.stack([table[c].take(pixels[:, :, c]) for c in range(3)])
+def normalised(pixels: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """float32 [..., 3, H, W] from uint8 [..., 3, H, W] through `table` (:func:`normalise_table`,
+    on the pixels' device): one gather, the same float32 value per channel and level as the
+    per-pixel arithmetic."""
+    channels = torch.arange(3, device=pixels.device).view(3, 1, 1)
+    return table[channels, pixels.long()]
 
 
 @functools.cache

@@ -3,7 +3,9 @@
 One engine request scores one (query, image) pair. Its prompt is a single marker token; the
 query's token ids and the image's pixels travel as raw multimodal inputs
 (``supports_multimodal_raw_input_only``) and reach :meth:`ClipImageRanker.forward` batched,
-one row per request of the step. The vision tower runs once per engine request, so the IO
+one row per request of the step. The pixels come as 8 bits (a quarter of float32's bytes
+through the engine's IPC and host-to-device copy) and are normalised here, on the model's
+device, to the float32 values the Hugging Face processor gives. The vision tower runs once per engine request, so the IO
 processor sends each distinct image of a call once and shares its score between duplicates.
 
 Rows never mix: text attention is causal inside a row, cross-attention reads only its own row's
@@ -51,6 +53,7 @@ from vllm.multimodal.processing import (
 from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.sequence import IntermediateTensors
 
+from scoring_plugin.image_rank.pixels import normalise_table, normalised
 from scoring_plugin.image_rank.settings import ImageRankSettings
 from scoring_plugin.models.loading import load_all_weights
 
@@ -113,7 +116,7 @@ class ImageRankDummyInputs(BaseDummyInputsBuilder[ImageRankProcessingInfo]):
 def dummy_inputs(settings: ImageRankSettings) -> dict[str, torch.Tensor]:
     size = settings.image_size
     return {
-        "pixel_values": torch.zeros(3, size, size, dtype=torch.float32),
+        "pixel_values": torch.zeros(3, size, size, dtype=torch.uint8),
         "text_ids": torch.zeros(settings.max_text_tokens, dtype=torch.int64),
         "text_len": torch.tensor(settings.max_text_tokens, dtype=torch.int64),
         "marker": torch.tensor(0, dtype=torch.int64),
@@ -307,6 +310,10 @@ class ClipImageRanker(nn.Module, IsAttentionFree, SupportsMultiModal):
         self.register_buffer("_pixels", torch.zeros(rows, 3, size, size, dtype=dtype), persistent=False)
         self.register_buffer("_text_ids", torch.zeros(rows, tokens, dtype=torch.int64), persistent=False)
         self.register_buffer("_text_len", torch.ones(rows, dtype=torch.int64), persistent=False)
+        table = normalise_table(self.settings.image_mean, self.settings.image_std)
+        self.register_buffer(
+            "_table", torch.as_tensor(table, dtype=torch.float32, device=self._pixels.device), persistent=False
+        )
 
     def embed_input_ids(
         self,
@@ -339,9 +346,11 @@ class ClipImageRanker(nn.Module, IsAttentionFree, SupportsMultiModal):
             pixel_values, text_ids, text_len, marker = (
                 _stacked(kwargs[name]) for name in FIELDS  # type: ignore[arg-type]
             )
+            if pixel_values.dtype != torch.uint8:
+                raise RuntimeError(f"pixel_values must be uint8 (8-bit pixels), not {pixel_values.dtype}")
             used = len(marker)
             order = _row_order(input_ids, marker, used)
-            self._pixels[:used].copy_(pixel_values[order])
+            self._pixels[:used].copy_(normalised(pixel_values[order].to(self._table.device), self._table))
             self._text_ids[:used].copy_(text_ids[order])
             self._text_len[:used].copy_(text_len[order])
         scores = self.core(
