@@ -92,7 +92,7 @@ inline)
     done
     ;;
 ab)
-    python3 -m pip install -q --no-deps --upgrade --target /tmp/site-base "../${WHL_BASE:-.whl-base}"/*.whl
+    install_base
     shown "^| system" "$OUT/ab.log" python3 absa.py --systems grpc,grpc-base --base-site /tmp/site-base --ab-rounds "${AB_ROUNDS:-3}" \
         --scenario "${AB_SCENARIO:-bf16}" --concurrency "${AB_CONCURRENCY:-1,32}" --seconds-per-level "${AB_SECONDS:-8}" \
         --work /tmp/bw --out "$OUT/ab"
@@ -103,7 +103,7 @@ ab)
     done
     ;;
 tf32-ab)
-    python3 -m pip install -q --no-deps --upgrade --target /tmp/site-base "../${WHL_BASE:-.whl-base}"/*.whl
+    install_base
     shown "^| system" "$OUT/tf32-ab.log" python3 absa.py --scenario fp32 --systems grpc-tf32,grpc-base-tf32 --base-site /tmp/site-base \
         --ab-rounds "${AB_ROUNDS:-3}" --concurrency 1,32 --seconds-per-level 6 --work /tmp/bw --out "$OUT/tf32-ab"
     ;;

@@ -10,21 +10,26 @@ pictures drawn at random, closed-loop load (see harness.py).
     python bench/image_rank.py --out bench/results                 # GPU, bf16
     python bench/image_rank.py --decode-devices cpu,cuda          # also with JPEGs decoded on the GPU
     python bench/image_rank.py --cpu-smoke --out /tmp/bench        # CPU: harness check only
+    python bench/image_rank.py --systems grpc,grpc-base --base-site DIR --ab-rounds 3   # A/B against
+                                                                   # another build, interleaved
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import random
 import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness import (
-    Level, Report, Target, Workload, channel_count, conditions, free_port, grpc_channels, grpc_serving, int_list, interleaved, log,
-    mib, offline_rate, ratio, start, stop, wait_ready, write_results,
+    Level, Report, Target, Workload, ab_table, channel_count, conditions, free_port, grpc_channels, grpc_serving, int_list,
+    interleaved, log, mib, offline_rate, ratio, site_environment, start, stop, wait_ready, write_results,
 )
 
 
@@ -47,6 +52,8 @@ GPU = Scenario("clip-vit-l-336-shaped", "bfloat16", False, (1024, 768), 10, [1, 
                {"decode_workers": 8, "fetch_workers": 32})
 CPU_SMOKE = Scenario("clip-tiny", "float32", True, (96, 72), 4, [1, 2], 2.0, True, 0.05, 8)
 Request = tuple[str, list[int]]
+INLINE, URLS = "inline JPEG", "URLs"  # how a target's calls send their images
+Server = Callable[[], AbstractAsyncContextManager[tuple[Target, Target]]]
 
 
 def build(target: Path, tiny: bool) -> Path:
@@ -68,10 +75,15 @@ def make_requests(scenario: Scenario, n: int, pictures: int, seed: int = 0) -> l
     return [(rng.choice(QUERIES), rng.sample(range(pictures), scenario.images_per_request)) for _ in range(n)]
 
 
-async def bench_grpc(model: Path, scenario: Scenario, images: list[bytes], requests: list[Request], work: Path,
-                     frontends: int = 1, decode_device: str = "cpu") -> list[Level]:
-    """Our server, with ``frontends`` gRPC front-end processes (image decoding runs in each,
-    with Pillow or, `decode_device` a GPU, with nvJPEG and torch)."""
+@asynccontextmanager
+async def image_server(model: Path, scenario: Scenario, images: list[bytes], work: Path, name: str, label: str,
+                       frontends: int = 1, decode_device: str = "cpu", site: str | None = None,
+                       ) -> AsyncIterator[tuple[Target, Target]]:
+    """Our server, ready, with ``frontends`` gRPC front-end processes (image decoding runs in
+    each, with Pillow or, `decode_device` a GPU, with nvJPEG and torch), and the picture server
+    its URLs point at; ``site``: another build of our packages (:func:`site_environment`). Its
+    files in `work` are named after `name`, so two servers can be up at once. Two targets: the
+    calls with the JPEGs inline, and the same calls by URL."""
     import itertools
 
     import yaml
@@ -84,11 +96,11 @@ async def bench_grpc(model: Path, scenario: Scenario, images: list[bytes], reque
         (picture_dir / f"{i}.jpg").write_bytes(data)
     http_port, port = free_port(), free_port()
     files = start([sys.executable, str(Path(__file__).with_name("picture_server.py")), str(picture_dir), str(http_port)],
-                  work / "pictures-http.log")
+                  work / f"pictures-http-{name}.log")
     engine_args: dict[str, Any] = {"enforce_eager": scenario.enforce_eager}
     if scenario.tiny:
         engine_args["kv_cache_memory_bytes"] = 64 * 1024 * 1024
-    config = work / "image-grpc-server.yaml"
+    config = work / f"image-{name}-server.yaml"
     config.write_text(yaml.safe_dump({"port": port, "host": "127.0.0.1", "frontends": frontends, "models": [{
         "name": "images", "kind": "image_rank", "path": str(model), "dtype": scenario.dtype,
         "gpu_memory_utilization": scenario.gpu_memory_utilization, "engine_args": engine_args,
@@ -96,13 +108,13 @@ async def bench_grpc(model: Path, scenario: Scenario, images: list[bytes], reque
             **scenario.deployment, "allowed_networks": ["127.0.0.1/32"], "decode_device": decode_device,
         }},
     }]}))
-    log(f"grpc: starting our server ({frontends} front-ends)")
-    server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], work / "image-grpc-server.log")
-    levels: list[Level] = []
-    suffix = ("" if frontends == 1 else f", {frontends} front-ends") + ("" if decode_device == "cpu" else ", GPU decode")
+    log(f"{label}: starting ({frontends} front-ends)")
+    server_log = work / f"image-{name}-server.log"
+    server = start([sys.executable, "-m", "scoring_server", "--config", str(config)], server_log,
+                   site_environment(site))
     try:
         async with grpc_channels(f"127.0.0.1:{port}", channel_count(frontends), [("grpc.max_send_message_length", 64 << 20)]) as channels:
-            await wait_ready(grpc_serving(*channels), server, work / "image-grpc-server.log", "our server")
+            await wait_ready(grpc_serving(*channels), server, server_log, label)
             stubs = itertools.cycle([image_rank_pb2_grpc.ImageRankServiceStub(channel) for channel in channels])
 
             def sender(by_url: bool):  # type: ignore[no-untyped-def]
@@ -122,15 +134,32 @@ async def bench_grpc(model: Path, scenario: Scenario, images: list[bytes], reque
 
                 return send
 
-            n = scenario.images_per_request
-            warm_up = Workload(requests, n, max(scenario.concurrency), min(5.0, scenario.seconds_per_level))
-            workloads = [Workload(requests, n, c, scenario.seconds_per_level) for c in scenario.concurrency]
-            for system, by_url in ((f"grpc (ours{suffix}), inline JPEG", False), (f"grpc (ours{suffix}), URLs", True)):
-                levels += await interleaved([Target(system, sender(by_url), server.pid)], warm_up, workloads)
+            yield (Target(f"{label}, {INLINE}", sender(False), server.pid),
+                   Target(f"{label}, {URLS}", sender(True), server.pid))
     finally:
         stop(server)
         stop(files)
-    return levels
+
+
+def load_plan(scenario: Scenario, requests: list[Request]) -> tuple[Workload, list[Workload]]:
+    """The warm-up, then every concurrency."""
+    n = scenario.images_per_request
+    warm_up = Workload(requests, n, max(scenario.concurrency), min(5.0, scenario.seconds_per_level))
+    return warm_up, [Workload(requests, n, c, scenario.seconds_per_level) for c in scenario.concurrency]
+
+
+async def bench_servers(servers: list[Server], plan: tuple[Workload, list[Workload]], rounds: int = 1) -> list[Level]:
+    """The load with the JPEGs inline on every server, then by URL (:func:`interleaved`, all the
+    servers up at once)."""
+    async with AsyncExitStack() as stack:
+        targets = [await stack.enter_async_context(server()) for server in servers]
+        return [level for kind in range(2) for level in await interleaved([t[kind] for t in targets], *plan, rounds)]
+
+
+def server_label(frontends: int, decode_device: str, base: str | None = None) -> str:
+    options = [*([f"base: {Path(base).name}"] if base else []), *([f"{frontends} front-ends"] if frontends != 1 else []),
+               *(["GPU decode"] if decode_device != "cpu" else [])]
+    return f"grpc (ours{''.join(', ' + option for option in options)})"
 
 
 def bench_hf(model: Path, scenario: Scenario, images: list[bytes], requests: list[Request]) -> float:
@@ -176,12 +205,20 @@ def table(report: Report) -> str:
     if report.hf_items_per_s:
         lines.append(f"| HF forward only (offline, batch {s['hf_batch']}, pixels prepared) | - | "
                      f"{report.hf_items_per_s:,.0f} | - | - | - | 0 | 1.00x | - |")
+    # An A/B's table per way of sending (ab_table compares two systems)
+    for sent in (INLINE, URLS):
+        lines += ab_table([l for l in report.levels if l.system.rpartition(" #")[0].endswith(sent)])
     return "\n".join(lines)
 
 
 async def main_async(args: argparse.Namespace) -> Report:
     from scoring_server.demo.image_rank import sample_images
 
+    systems = args.systems.split(",")
+    if args.ab_rounds and (systems != ["grpc", "grpc-base"] or not args.base_site):
+        raise SystemExit("--ab-rounds: --systems grpc,grpc-base and --base-site")
+    if not args.ab_rounds and not set(systems) <= {"hf", "grpc"}:
+        raise SystemExit(f"--systems: of hf,grpc (grpc,grpc-base with --ab-rounds); got {args.systems}")
     scenario = CPU_SMOKE if args.cpu_smoke else GPU
     if args.seconds_per_level:
         scenario.seconds_per_level = args.seconds_per_level
@@ -192,13 +229,24 @@ async def main_async(args: argparse.Namespace) -> Report:
     images = [b for b in sample_images(64 * 3, seed=1, size=scenario.image_size)][::3]  # the JPEGs
     requests = make_requests(scenario, 200, len(images))
     report = Report(asdict(scenario), conditions(), 0.0)
-    systems = args.systems.split(",")
+    server = functools.partial(image_server, model, scenario, images, work)
+    frontends, devices = args.frontends, args.decode_devices.split(",")
+    if args.ab_rounds:
+        # Both up at once on one GPU, each with its share of the scenario's memory: this tree
+        # against the build in --base-site, at the first front-end count and decode device.
+        scenario.gpu_memory_utilization = min(scenario.gpu_memory_utilization, 0.4)
+        count, device = frontends[0], devices[0]
+        pair = [functools.partial(server, name, server_label(count, device, site), count, device, site)
+                for name, site in (("grpc", None), ("grpc-base", args.base_site))]
+        report.levels += await bench_servers(pair, load_plan(scenario, requests), args.ab_rounds)
+        return report
     if "hf" in systems:
         report.hf_items_per_s = bench_hf(model, scenario, images, requests)
     if "grpc" in systems:
-        for frontends in args.frontends:
-            for decode_device in args.decode_devices.split(","):
-                report.levels += await bench_grpc(model, scenario, images, requests, work, frontends, decode_device)
+        for count in frontends:
+            for device in devices:
+                one = functools.partial(server, "grpc", server_label(count, device), count, device)
+                report.levels += await bench_servers([one], load_plan(scenario, requests))
     return report
 
 
@@ -211,6 +259,11 @@ def main() -> None:
     parser.add_argument("--frontends", type=int_list, default=[1], help="e.g. 1,4: our server once per count")
     parser.add_argument("--decode-devices", default="cpu",
                         help="e.g. cpu,cuda: our server once per front-end count and decode_device")
+    parser.add_argument("--base-site", help="grpc-base: our server with the packages installed in this "
+                        "directory (pip install --target) first on its path, e.g. the previous commit's build")
+    parser.add_argument("--ab-rounds", type=int, default=0,
+                        help="with --systems grpc,grpc-base: both up at once, their levels interleaved for this "
+                             "many rounds, then the A/B table")
     parser.add_argument("--work", default="/tmp/scoring-bench")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()

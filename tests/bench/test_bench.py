@@ -362,6 +362,38 @@ def test_image_rank_bench_cpu_smoke(tmp_path: Path) -> None:
     assert report_file.with_suffix(".png").stat().st_size > 10_000
 
 
+def test_image_rank_ab_interleaves_both_builds_inline_then_by_url(tmp_path: Path) -> None:
+    """--ab-rounds for images: both servers up at once (each its own files), every level inline
+    on one right after the other, the order flipping per level and round, then the same by URL;
+    an A/B table for each way of sending."""
+    out, work = tmp_path / "results", tmp_path / "work"
+    site, marker = _announcing_site(tmp_path)
+    done = _bench("image_rank.py", "--cpu-smoke", "--systems", "grpc,grpc-base", "--base-site", str(site),
+                  "--ab-rounds", "2", "--seconds-per-level", "1", "--out", str(out), "--work", str(work))
+    assert marker.read_text().startswith("imported")  # the base's server had the site first on its path
+    (report_file,) = out.glob("image-rank-*.json")
+    levels = json.loads(report_file.read_text())["levels"]
+    tree, base = "grpc (ours)", "grpc (ours, base: site-base)"
+    order = [("{0}", 1), ("{1}", 1), ("{1}", 2), ("{0}", 2)] + [("{1}", 1), ("{0}", 1), ("{0}", 2), ("{1}", 2)]
+    for index, sent in enumerate(("inline JPEG", "URLs")):
+        expected = [(f"{who.format(tree, base)}, {sent} #{1 + i // 4}", c) for i, (who, c) in enumerate(order)]
+        assert [(level["system"], level["concurrency"]) for level in levels[8 * index : 8 * index + 8]] == expected
+    assert len(levels) == 16 and all(level["errors"] == 0 and level["requests"] > 0 for level in levels)
+    for sent in ("inline JPEG", "URLs"):
+        assert f"A/B, interleaved: {tree}, {sent} (A) against {base}, {sent} (B)" in done.stdout
+    assert all((work / name).exists() for name in ("image-grpc-server.log", "image-grpc-base-server.log"))
+
+
+def test_image_rank_ab_needs_our_two_servers(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "image_rank.py"), "--cpu-smoke", "--systems", "grpc,hf", "--ab-rounds", "2",
+         "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")],
+        capture_output=True, text=True, timeout=600, env=tool_env(), cwd=REPO / "bench",
+    )
+    assert done.returncode != 0 and "--ab-rounds: --systems grpc,grpc-base and --base-site" in done.stderr
+    assert not (tmp_path / "work").exists(), "the bench started work before refusing"
+
+
 def test_image_pixels_bench_cpu_smoke() -> None:
     done = _bench("image_pixels.py", "--devices", "cpu", "--seconds", "0.2", "--image-size", "32")
     row = next(line for line in done.stdout.splitlines() if line.startswith("| cpu | Pillow |"))
