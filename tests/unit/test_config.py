@@ -116,6 +116,18 @@ def test_frontends_share_a_fixed_port_and_tell_vllm_their_place() -> None:
     assert (lone._api_process_count, lone._api_process_rank) == (1, 0)
 
 
+def test_image_rankers_run_without_vllms_multimodal_processor_cache() -> None:
+    """Our image processor never reads vLLM's processor cache: with it on, every image's pixels
+    would be hashed for nothing and the engine core would hold gigabytes of scored pixels."""
+    from scoring_server.engines import engine_args
+
+    images = ModelSettings(name="i", path="/i", dtype="float32", kind="image_rank")
+    assert engine_args(images).mm_processor_cache_gb == 0
+    assert engine_args(images).enable_mm_embeds is True
+    rerank = ModelSettings(name="r", path="/r", dtype="float32")
+    assert engine_args(rerank).mm_processor_cache_gb != 0  # vLLM's default: text models are untouched
+
+
 def test_inline_plan_items_has_a_default_reads_the_environment_and_refuses_negatives(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -45,9 +45,16 @@ IO_PROCESSORS: dict[ModelKind, tuple[str, type[Processor]]] = {
     ModelKind.IMAGE_RANK: ("image_ranker", ImageRankerIOProcessor),
 }
 # Image rankers take their inputs as prepared tensors (vLLM's raw multimodal inputs), and may
-# only be captured piecewise (see scoring_plugin.models.image_ranker).
+# only be captured piecewise (see scoring_plugin.models.image_ranker). No multimodal processor
+# cache: our processor never reads it, so with vLLM's default (4 GiB) the front-end would hash
+# every image's pixels (blake3) for a key no request reuses, and the engine core would keep up
+# to 4 GiB of already-scored pixels; with 0, vLLM names each item by its request instead.
 _KIND_ENGINE_ARGS: dict[ModelKind, dict[str, object]] = {
-    ModelKind.IMAGE_RANK: {"enable_mm_embeds": True, "compilation_config": {"cudagraph_mode": "PIECEWISE"}}
+    ModelKind.IMAGE_RANK: {
+        "enable_mm_embeds": True,
+        "mm_processor_cache_gb": 0,
+        "compilation_config": {"cudagraph_mode": "PIECEWISE"},
+    }
 }
 
 
