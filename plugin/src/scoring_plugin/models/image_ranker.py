@@ -5,8 +5,9 @@ query's token ids and the image's pixels travel as raw multimodal inputs
 (``supports_multimodal_raw_input_only``) and reach :meth:`ClipImageRanker.forward` batched,
 one row per request of the step. The pixels come as 8 bits (a quarter of float32's bytes
 through the engine's IPC and host-to-device copy) and are normalised here, on the model's
-device, to the float32 values the Hugging Face processor gives. The vision tower runs once per engine request, so the IO
-processor sends each distinct image of a call once and shares its score between duplicates.
+device, to the float32 values the Hugging Face processor gives. The vision tower runs once per
+engine request, so the IO processor sends each distinct image of a call once and shares its
+score between duplicates.
 
 Rows never mix: text attention is causal inside a row, cross-attention reads only its own row's
 image, pooling averages only the row's real text tokens. Padding of any kind (text ids to
