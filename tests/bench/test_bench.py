@@ -22,6 +22,17 @@ def _bench(script: str, *args: str, timeout: int = 1200) -> subprocess.Completed
     return done
 
 
+def _refused(script: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Runs `bench/<script> --cpu-smoke ARGS` into `tmp_path` and requires it to fail."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / script), "--cpu-smoke", *args,
+         "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")],
+        capture_output=True, text=True, timeout=600, env=tool_env(), cwd=REPO / "bench",
+    )
+    assert done.returncode != 0, done.stdout[-2000:]
+    return done
+
+
 def _sent_tokens_per_pair(model: Path, docs_per_request: int, requests: int, length: str = "medium") -> float:
     """Tokens per pair of exactly the requests a level sent: its closed loop sends the
     generated requests in order, so a level of n requests sent the first n. A sweep level at
@@ -308,11 +319,7 @@ def test_an_interleaved_ab_runs_both_builds_level_by_level(
 
 
 def test_an_interleaved_ab_takes_two_of_our_servers(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "rerank.py"), "--cpu-smoke", "--systems", "grpc,vllm", "--ab-rounds", "2",
-         "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")],
-        capture_output=True, text=True, timeout=600, env=tool_env(), cwd=REPO / "bench",
-    )
+    done = _refused("rerank.py", tmp_path, "--systems", "grpc,vllm", "--ab-rounds", "2")
     assert done.returncode != 0 and "--ab-rounds: two of our servers" in done.stderr
     assert not list((tmp_path / "work").glob("*.log")), "a server started"
 
@@ -385,11 +392,7 @@ def test_image_rank_ab_interleaves_both_builds_inline_then_by_url(tmp_path: Path
 
 
 def test_image_rank_ab_needs_our_two_servers(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "image_rank.py"), "--cpu-smoke", "--systems", "grpc,hf", "--ab-rounds", "2",
-         "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")],
-        capture_output=True, text=True, timeout=600, env=tool_env(), cwd=REPO / "bench",
-    )
+    done = _refused("image_rank.py", tmp_path, "--systems", "grpc,hf", "--ab-rounds", "2")
     assert done.returncode != 0 and "--ab-rounds: --systems grpc,grpc-base and --base-site" in done.stderr
     assert not (tmp_path / "work").exists(), "the bench started work before refusing"
 
