@@ -24,9 +24,10 @@ import yaml
 from sentence_transformers import CrossEncoder, SentenceTransformer
 
 from support.published import VARIANTS, Published
-from support.servers import RunningServer, start_server, stop_server, tool_env
+from support.servers import RunningServer, free_port, start_server, stop_server, tool_env
 from scoring.v1 import rerank_pb2
 from scoring_client import ScoringClient, ScoringError
+from scoring_server.demo.common import minilm_path
 
 QUERY = "how do cats sleep"
 DOCUMENTS = [
@@ -173,3 +174,28 @@ def test_a_kind_that_does_not_fit_is_refused_at_start(checkpoints: dict[str, Pat
     assert "model 'bert-l1-default' cannot be served as absa: it needs an aspect-sentiment architecture" in done.stderr
     assert "BertForSequenceClassification" in done.stderr and "Traceback" not in done.stderr
     assert "Initializing a V1 LLM engine" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("frontends", [1, 2])
+def test_an_architecture_nothing_implements_is_refused_in_one_line(tmp_path: Path, frontends: int) -> None:
+    """A DeBERTa-v2 cross-encoder (as mxbai-rerank v1 is published): neither vLLM, nor the
+    plugin, nor vLLM's Transformers backend runs it. The server exits 1 with one line naming the
+    model and its architecture, in one process and with front-end processes, not a traceback
+    whose last line lists every architecture vLLM knows."""
+    from transformers import AutoTokenizer, DebertaV2Config, DebertaV2ForSequenceClassification
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+    config = DebertaV2Config(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                             intermediate_size=64, num_labels=1)
+    path = tmp_path / "deberta-cross-encoder"
+    DebertaV2ForSequenceClassification(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    done = subprocess.run(
+        [sys.executable, "-m", "scoring_server", "--model-path", str(path), "--dtype", "float32",
+         "--port", str(free_port()), "--frontends", str(frontends)],
+        capture_output=True, text=True, timeout=300, env=tool_env(),
+    )
+    assert done.returncode == 1
+    assert ("model 'deberta-cross-encoder' cannot be served: vLLM 0.32.0 has no implementation of its "
+            "architectures ['DebertaV2ForSequenceClassification']") in done.stderr
+    assert "Traceback" not in done.stderr and "BertForSequenceClassification" not in done.stderr

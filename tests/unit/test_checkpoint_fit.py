@@ -120,3 +120,22 @@ def test_absa_needs_a_fast_tokenizer() -> None:
     # vLLM can load a slow (Python) tokenizer (`tokenizer_mode: slow`): it has no offsets.
     slow = SimpleNamespace(is_fast=False)
     assert "fast tokenizer" in _refused("absa", ABSA, slow).needs
+
+
+def test_vllms_refusal_of_an_architecture_becomes_one_line_naming_the_model() -> None:
+    """vLLM's own refusal (its registry's message, several hundred architecture names long)
+    becomes one line with the model's name and the checkpoint's architectures; any other
+    ValueError of engine configuration passes through unchanged."""
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    from scoring_server.checkpoints import UnservableModel, vllm_refusals
+    from scoring_server.config import ModelSettings
+
+    model = ModelSettings(name="my-reranker", path="/m", dtype="float32")
+    with pytest.raises(UnservableModel) as refused, vllm_refusals(model):
+        ModelRegistry._raise_for_unsupported(["DebertaV2ForSequenceClassification"])
+    message = str(refused.value)
+    assert message.startswith("model 'my-reranker' cannot be served: vLLM ")
+    assert "['DebertaV2ForSequenceClassification']" in message and "BertForSequenceClassification" not in message
+    with pytest.raises(ValueError, match="^max_model_len too large$"), vllm_refusals(model):
+        raise ValueError("max_model_len too large")

@@ -17,6 +17,7 @@ from vllm.utils.gc_utils import freeze_gc_heap
 
 from scoring.v1 import absa_pb2, image_rank_pb2, info_pb2, rerank_pb2
 from scoring_server import decoding, reflection, tracing
+from scoring_server.checkpoints import UnservableModel
 from scoring_server.config import ModelKind, ModelSettings, ServerSettings
 from scoring_server.cores import DEATH_WATCH_INTERVAL_S, EngineClientSlot
 from scoring_server.engines import ModelRegistry, ServedModel
@@ -258,6 +259,9 @@ def run(settings: ServerSettings, slots: dict[str, list[EngineClientSlot]] | Non
     """Serves until SIGTERM; a failure is logged and ends the process with exit code 1."""
     try:
         asyncio.run(serve(settings, slots))
+    except UnservableModel as error:  # the message is the whole story; a traceback would bury it
+        logger.error("%s", error)
+        sys.exit(1)
     except Exception:
         logger.exception("server failed")
         sys.exit(1)

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import vllm
 from transformers import AutoTokenizer
 
 from scoring_plugin.checkpoint_fit import CheckpointMismatch, check_fit
@@ -23,6 +27,30 @@ logger = logging.getLogger(__name__)
 
 class UnservableModel(RuntimeError):
     """A configured model that cannot serve; the message says which and why."""
+
+
+# vLLM's refusal of a checkpoint whose architectures nothing implements: not vLLM itself, not a
+# registered plugin, not vLLM's Transformers backend (model_executor/models/registry.py). Its
+# message goes on to list every architecture vLLM knows, several hundred names on one line.
+_NO_IMPLEMENTATION = re.compile(r"Model architectures (\[[^\]]*\]) are not supported for now")
+
+
+@contextmanager
+def vllm_refusals(model: ModelSettings) -> Iterator[None]:
+    """Around the creation of a model's engine configuration: vLLM's refusal of the checkpoint's
+    architecture becomes one line naming the model. Only vLLM can decide it (its registry, the
+    plugin's models, the Transformers backend's compatibility rules and the architecture names it
+    converts), so the check is vLLM's own, made before any weights load, not a copy of its rules."""
+    try:
+        yield
+    except ValueError as error:
+        found = _NO_IMPLEMENTATION.search(str(error))
+        if found is None:
+            raise
+        raise UnservableModel(
+            f"model {model.name!r} cannot be served: vLLM {vllm.__version__} has no implementation of its "
+            f"architectures {found.group(1)} (in vLLM, in the scoring plugin or through vLLM's Transformers backend)"
+        ) from None
 
 
 def check_checkpoints(models: list[ModelSettings]) -> None:

@@ -25,6 +25,7 @@ from scoring_plugin.io_processors.image_ranker import ImageRankerIOProcessor
 from scoring_plugin.io_processors.reranker import RerankerIOProcessor
 from scoring_plugin.models import TF32X3
 from scoring_server.admission import Admission
+from scoring_server.checkpoints import vllm_refusals
 from scoring_server.config import ModelKind, ModelSettings
 from scoring_server.cores import (
     EngineClientSlot,
@@ -278,7 +279,7 @@ def _start_engine(settings: ModelSettings, core: EngineCore) -> AsyncLLM:
     # The server context picks the engine defaults `vllm serve` gets (on a large-memory GPU: 8192
     # batched tokens per step, not the library's 2048, which would split a 20-document request
     # over two steps).
-    with engine_environment({**environment(settings), **device_environment(core.devices)}):
+    with engine_environment({**environment(settings), **device_environment(core.devices)}), vllm_refusals(settings):
         if core.slot is not None:
             return _connect(settings, core.slot)
         return AsyncLLM.from_engine_args(engine_args(settings), usage_context=UsageContext.OPENAI_API_SERVER)

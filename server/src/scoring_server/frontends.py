@@ -39,6 +39,7 @@ from vllm.v1.executor import Executor
 
 from scoring_plugin.rerank.settings import RerankSettings
 from scoring_server import __version__
+from scoring_server.checkpoints import UnservableModel, vllm_refusals
 from scoring_server.config import ModelKind, ModelSettings, ServerSettings
 from scoring_server.cores import (
     DEATH_WATCH_INTERVAL_S,
@@ -86,7 +87,7 @@ class _Engine:
         """The model's cores (`data_parallel_size`), each with listeners for every front-end."""
         engines = []
         for core, devices in enumerate(core_devices_of(settings)):
-            with engine_environment({**environment(settings), **device_environment(devices)}):
+            with engine_environment({**environment(settings), **device_environment(devices)}), vllm_refusals(settings):
                 args = engine_args(settings, frontends, -1)
                 vllm_config = args.create_engine_config(UsageContext.OPENAI_API_SERVER)
             listeners = bind_engine_zmq_listeners(vllm_config, frontends)
@@ -186,6 +187,9 @@ def supervise(settings: ServerSettings, log_level: str) -> int:
     except _Stop:
         logger.info("stopping %d front-ends", len(frontends))
         return 0
+    except UnservableModel as error:  # as a lone server: the message alone, exit 1
+        logger.error("%s", error)
+        return 1
     except Exception:  # an engine that cannot start, a port in use: as a lone server, exit 1
         logger.exception("server failed")
         return 1
